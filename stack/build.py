@@ -88,24 +88,31 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     devices = devices if devices is not None else check_platform(cfg.hardware)
     mesh, rules = make_mesh(cfg.mesh, devices), logical_rules(cfg.mesh)
     check_layout(mesh, rules, abstract_model(cfg.model), cfg.model, cfg.data.batch_size)
+    algorithm = instantiate(cfg.algorithm, _convert_="all")
+    if cfg.data.kind not in algorithm.data_kinds:
+        raise ConfigError(
+            f"'data.kind'={cfg.data.kind!r} does not fit algorithm={cfg.algorithm.name!r}, which reads "
+            f"{' or '.join(algorithm.data_kinds)} records; pick a matching data option."
+        )
     tokenizer = make_tokenizer(cfg.data.tokenizer)
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise ConfigError(
             f"'model.vocab_size'={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
             f"({tokenizer.vocab_size} for data.tokenizer={cfg.data.tokenizer!r}); raise model.vocab_size."
         )
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
-        model = abstract_model(cfg.model) if abstract else init_model(cfg.model, cfg.seed)
-    tx, schedule = make_optimizer(cfg.optimizer, cfg.trainer.grad_accum)
     data_seed = cfg.seed + 1  # model init and data order draw from separate streams
-    train = Batches(cfg.data, tokenizer, "train", data_seed, cfg.data.batch_size)
-    evals = Batches(cfg.data, tokenizer, "eval", data_seed, cfg.data.batch_size).take(cfg.trainer.eval_batches)
+    shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+    batch_size = cfg.data.batch_size // jax.process_count()
+    train = Batches(cfg.data, tokenizer, "train", data_seed, batch_size, **shard)
+    evals = Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard).take(cfg.trainer.eval_batches)
     if not evals:
         raise ConfigError(
             f"The eval split holds fewer than data.batch_size={cfg.data.batch_size} records; "
             "add eval data or lower data.batch_size."
         )
-    algorithm = instantiate(cfg.algorithm, _convert_="all")
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
+        model = abstract_model(cfg.model) if abstract else init_model(cfg.model, cfg.seed)
+    tx, schedule = make_optimizer(cfg.optimizer, cfg.trainer.grad_accum)
     sinks = [] if abstract else make_sinks(cfg, run_dir, group, name)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
     peak = 0.0 if abstract else peak_flops_per_device(cfg.hardware, run_dir)

@@ -8,6 +8,10 @@ class ConfigError(Exception):
     """A config that cannot run. Its message is shown as is, without a traceback."""
 
 
+class DataError(ConfigError):
+    """A data file or record that cannot be used; the message starts with `file:line: `."""
+
+
 def did_you_mean(word: str, options: Iterable[str]) -> str:
     """' Did you mean X?' (or 'X or Y') for the closest options, '' when nothing is close."""
     close = difflib.get_close_matches(word, list(options), n=2, cutoff=0.7)

@@ -37,7 +37,10 @@ def make_train_step(graphdef: Any, rest: Any, algorithm: Any, tx: optax.Gradient
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        if "segment_ids" in batch:  # the fraction of input positions holding real tokens
+            metrics["packing_efficiency"] = (batch["segment_ids"] > 0).mean()
+        return params, opt_state, metrics
 
     return step
 
@@ -98,49 +101,57 @@ def _train(exp: Experiment) -> dict[str, float]:
     emit(0, first_eval)
     last_eval = first_eval
     it = iter(exp.train_batches)
-    batch = jax.device_put(next(it), data_sharding)
-    window: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    compile_seconds = 0.0
-    t_window, window_steps, train_metrics = start, 0, {}
-    for step in range(1, t.steps + 1):
-        for _ in range(t.grad_accum):
-            params, opt_state, metrics = step_fn(params, opt_state, batch, frozen)
-            window.append(metrics)
-            batch = jax.device_put(next(it), data_sharding)  # read and sent while the step runs (async dispatch)
-        window_steps += 1
-        if step == 1:
-            jax.block_until_ready(metrics)
-            compile_seconds = time.perf_counter() - start
-            t_window, window_steps = time.perf_counter(), 0
-        if step % t.log_every == 0 or step == t.steps:
-            train_metrics = _mean(window, "train/")
-            window = []
-            now = time.perf_counter()
-            if window_steps:
-                train_metrics["perf/tokens_per_sec"] = window_steps * t.grad_accum * micro_tokens / (now - t_window)
-                train_metrics["perf/step_seconds"] = (now - t_window) / window_steps
-                train_metrics.update(mfu_metrics(exp.flops_per_token, train_metrics["perf/tokens_per_sec"],
-                                                 exp.mesh.size, exp.peak_flops_per_device))
-            train_metrics["train/lr"] = float(jax.device_get(exp.schedule(step - 1)))
-            if not math.isfinite(train_metrics["train/loss"]) and t.nan_policy == "stop":
-                raise NonFiniteLoss(
-                    f"train/loss is {train_metrics['train/loss']} at step {step}; stopping "
-                    "(trainer.nan_policy=stop). Lower optimizer.lr or check the data."
-                )
-            if (t.eval_every and step % t.eval_every == 0) or step == t.steps:
+    try:
+        batch = jax.device_put(next(it), data_sharding)
+        window: list[dict[str, Any]] = []
+        start = time.perf_counter()
+        compile_seconds = 0.0
+        t_window, window_steps, train_metrics, waited = start, 0, {}, 0.0
+        for step in range(1, t.steps + 1):
+            for _ in range(t.grad_accum):
+                params, opt_state, metrics = step_fn(params, opt_state, batch, frozen)
+                window.append(metrics)
+                t_read = time.perf_counter()
+                batch = next(it)  # read while the step runs (async dispatch), then sent
+                waited += time.perf_counter() - t_read
+                batch = jax.device_put(batch, data_sharding)
+            window_steps += 1
+            if step == 1:
+                jax.block_until_ready(metrics)
+                compile_seconds = time.perf_counter() - start
+                t_window, window_steps, waited = time.perf_counter(), 0, 0.0
+            if step % t.log_every == 0 or step == t.steps:
+                train_metrics = _mean(window, "train/")
+                window = []
+                now = time.perf_counter()
+                train_metrics["data/epoch"] = exp.train_batches.epoch(it.get_state())
+                if window_steps:
+                    train_metrics["perf/tokens_per_sec"] = window_steps * t.grad_accum * micro_tokens / (now - t_window)
+                    train_metrics["perf/step_seconds"] = (now - t_window) / window_steps
+                    train_metrics["perf/data_wait_fraction"] = waited / (now - t_window)
+                    train_metrics.update(mfu_metrics(exp.flops_per_token, train_metrics["perf/tokens_per_sec"],
+                                                     exp.mesh.size, exp.peak_flops_per_device))
+                train_metrics["train/lr"] = float(jax.device_get(exp.schedule(step - 1)))
+                if not math.isfinite(train_metrics["train/loss"]) and t.nan_policy == "stop":
+                    raise NonFiniteLoss(
+                        f"train/loss is {train_metrics['train/loss']} at step {step}; stopping "
+                        "(trainer.nan_policy=stop). Lower optimizer.lr or check the data."
+                    )
+                if (t.eval_every and step % t.eval_every == 0) or step == t.steps:
+                    last_eval = evaluate(step)
+                    train_metrics.update(last_eval)
+                emit(step, train_metrics)
+                t_window, window_steps, waited = time.perf_counter(), 0, 0.0  # eval and logging are not step time
+            elif t.eval_every and step % t.eval_every == 0:
+                jax.block_until_ready(params)  # queued train steps count as step time
+                eval_start = time.perf_counter()
                 last_eval = evaluate(step)
-                train_metrics.update(last_eval)
-            emit(step, train_metrics)
-            t_window, window_steps = time.perf_counter(), 0  # eval and logging are not step time
-        elif t.eval_every and step % t.eval_every == 0:
-            jax.block_until_ready(params)  # queued train steps count as step time
-            eval_start = time.perf_counter()
-            last_eval = evaluate(step)
-            emit(step, last_eval)
-            t_window += time.perf_counter() - eval_start
-    seconds = time.perf_counter() - start
-    jax.block_until_ready(params)
+                emit(step, last_eval)
+                t_window += time.perf_counter() - eval_start
+        seconds = time.perf_counter() - start
+        jax.block_until_ready(params)
+    finally:
+        it.close()  # stops Grain's reader threads / worker processes
     exp.model, exp.opt_state = nnx.merge(graphdef, params, rest), opt_state
     steady = seconds - compile_seconds
     tokens_per_sec = (t.steps - 1) * t.grad_accum * micro_tokens / steady if steady > 0 and t.steps > 1 else 0.0

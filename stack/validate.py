@@ -12,10 +12,10 @@ TRUSTED_TARGETS = ("stack.", "optax.", "flax.", "jax.", "qwix.", "grain.", "orba
 
 CHOICES = {
     "mode": ("train", "compile", "validate"),
-    "data.source": ("synthetic", "jsonl"),
-    "data.kind": ("sft",),
+    "data.source": ("synthetic", "jsonl", "parquet", "arrayrecord", "hf_disk"),
+    "data.kind": ("text", "sft", "preference", "prompt"),
     "data.truncation": ("keep_start", "keep_end", "error"),
-    "data.chat_template": ("simple",),
+    "data.chat_template": ("simple", "chatml", "llama3"),
     "logger.mode": ("offline", "online", "disabled"),
     "trainer.nan_policy": ("stop", "ignore"),
     "model.dtype": ("float32", "bfloat16", "float16"),
@@ -52,9 +52,33 @@ def validate(cfg: DictConfig) -> None:
             f"'model.d_model'={m.d_model} is not divisible by 'model.n_heads'={m.n_heads}; "
             "set 'model.head_dim' explicitly or pick sizes that divide."
         )
-    if cfg.data.source != "synthetic" and not cfg.data.path:
-        raise ConfigError(f"'data.path' is required for data.source={cfg.data.source!r}.")
+    _check_data(cfg.data)
     check_targets(cfg, tuple(cfg.allow_targets))
+
+
+def _check_data(d: DictConfig) -> None:
+    if d.source == "synthetic":
+        if d.kind != "sft":
+            raise ConfigError(f"'data.kind'={d.kind!r}: data.source=synthetic makes sft records only.")
+    elif not d.path:
+        raise ConfigError(f"'data.path' is required for data.source={d.source!r}.")
+    for key in ("path", "eval_path"):
+        value = d[key]
+        if value is not None and not isinstance(value, str) and not (
+                isinstance(value, ListConfig) and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"'data.{key}'={value!r}: expected a path, a glob pattern or a list of them.")
+    if d.packing and d.kind not in ("text", "sft"):
+        raise ConfigError(
+            f"'data.packing'=true works for data.kind text and sft, not {d.kind!r} "
+            "(preference pairs and prompts are padded)."
+        )
+    if not 0.0 <= d.max_bad_fraction < 1.0:
+        raise ConfigError(f"'data.max_bad_fraction'={d.max_bad_fraction} must be in [0, 1).")
+    if not 0.0 < d.eval_fraction < 1.0:
+        raise ConfigError(f"'data.eval_fraction'={d.eval_fraction} must be in (0, 1).")
+    for key in ("workers", "read_threads", "prefetch"):
+        if d[key] < 0:
+            raise ConfigError(f"'data.{key}'={d[key]} must be >= 0.")
 
 
 def _check_schema_keys(node: Any, prefix: str) -> None:

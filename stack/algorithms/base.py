@@ -17,7 +17,7 @@ class Algorithm(Protocol):
     `eval/` prefix, which the loop adds).
     """
 
-    batch_kind: str
+    data_kinds: tuple[str, ...]  # the `data.kind`s whose batches the loss reads
 
     def frozen(self, model: nnx.Module) -> Any: ...
 

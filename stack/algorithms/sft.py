@@ -17,7 +17,7 @@ class SFT:
     tokens in the (micro-)batch; `"sum"` returns the sum.
     """
 
-    batch_kind = "sft"
+    data_kinds = ("sft", "text")
 
     def __init__(self, name: str = "sft", loss_reduction: str = "mean"):
         self.name, self.loss_reduction = name, loss_reduction

@@ -1,46 +1,130 @@
-"""Grain pipelines: source -> (seeded, per-epoch) shuffle -> encode -> batch."""
+"""Grain pipelines: source -> seeded per-epoch shuffle -> shard -> encode -> [pack] -> batch.
 
-from collections.abc import Iterator
+Train data repeats forever; epoch e is shuffled with a permutation drawn from (seed, e).
+Each process reads every `jax.process_count()`-th record of the shuffled stream, so processes
+see disjoint data. The iterator is a Grain `DatasetIterator`: `get_state()` / `set_state()`
+resume it exactly (the checkpoint stores that state).
+"""
+
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
-from stack.data.sft import SFTEncoder
-from stack.data.sources import JsonlSource, arithmetic_problems, fraction_split
+from stack.data.encode import Encoder
+from stack.data.sources import FILE_SOURCES, arithmetic_problems, expand_paths, fraction_split
 from stack.data.tokenizers import Tokenizer
+from stack.errors import DataError
+
+PACKED_KEYS = ("inputs", "targets", "loss_mask")
 
 
-def make_source(cfg: Any, split: str, seed: int):
+def make_source(cfg: Any, split: str, seed: int) -> Sequence:
     """The random-access records of `split` ("train" or "eval") for `cfg` (the data group)."""
     if cfg.source == "synthetic":
         return arithmetic_problems(cfg.max_operand, split)
+    open_files = FILE_SOURCES[cfg.source]
     if split == "eval" and cfg.eval_path:
-        return JsonlSource(cfg.eval_path)
-    source = JsonlSource(cfg.path)
-    if cfg.eval_path:
-        return source
-    return fraction_split(source, cfg.eval_fraction, seed, split)
+        return open_files(expand_paths(cfg.eval_path, "data.eval_path"))
+    source = open_files(expand_paths(cfg.path))
+    return source if cfg.eval_path else fraction_split(source, cfg.eval_fraction, seed, split)
+
+
+class Tolerant:
+    """A source whose unreadable records become {"_error": message} (data.skip_bad_records)."""
+
+    def __init__(self, source: Sequence):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        try:
+            return self.source[i]
+        except DataError as exc:
+            return {"_error": str(exc)}
+
+
+def _is_kept(row: Any) -> bool:
+    return row is not None
+
+
+class Unpack:
+    """Renames Grain's packer output to the loop's keys: segment_ids and positions."""
+
+    def __call__(self, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {k: row[k] for k in PACKED_KEYS}
+        out["segment_ids"] = row["inputs_segment_ids"].astype(np.int32)
+        out["positions"] = row["inputs_positions"].astype(np.int32)
+        return out
+
+
+def _records_read(state: Any) -> int:
+    """The records a Grain iterator state has read (packing, prefetch and workers nest states)."""
+    if isinstance(state, dict):
+        if "next_index" in state:
+            return state["next_index"]
+        return sum(_records_read(v) for v in state.values())
+    if isinstance(state, list):
+        return sum(_records_read(v) for v in state)
+    return 0
 
 
 class Batches:
-    """Batches of one split as numpy dicts; train repeats forever, eval is a fixed list."""
+    """The batches of one split as numpy dicts (train: forever; eval: one pass)."""
 
-    def __init__(self, cfg: Any, tokenizer: Tokenizer, split: str, seed: int, batch_size: int):
-        ds = grain.MapDataset.source(make_source(cfg, split, seed))
+    def __init__(self, cfg: Any, tokenizer: Tokenizer, split: str, seed: int, batch_size: int,
+                 shard_index: int = 0, shard_count: int = 1):
+        source = make_source(cfg, split, seed)
+        if len(source) == 0:
+            raise DataError(f"The {split} split of data.path={cfg.path!r} holds no records.")
+        self.records, self.shard_count = len(source), shard_count
         train = split == "train"
+        ds = grain.MapDataset.source(Tolerant(source) if cfg.skip_bad_records else source)
         if train and cfg.shuffle:
             ds = ds.shuffle(seed=seed)  # a new permutation every epoch
         if train:
             ds = ds.repeat(None)
-        ds = ds.map(SFTEncoder(tokenizer, cfg.seq_len, cfg.truncation))
-        self.dataset = ds.batch(batch_size, drop_remainder=True)
-        self.batch_size = batch_size
-        self.threads = cfg.read_threads
+        ds = ds[shard_index::shard_count]
+        pack = cfg.packing and cfg.kind in ("text", "sft")
+        ds = ds.map(Encoder(cfg.kind, tokenizer, cfg.chat_template, cfg.seq_len, cfg.truncation,
+                            pack, cfg.skip_bad_records, cfg.max_bad_fraction, len(source)))
+        if cfg.skip_bad_records:
+            ds = ds.filter(_is_kept)
+        it = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
+                                                  prefetch_buffer_size=8 * cfg.read_threads + 1))
+        if pack:
+            it = grain.experimental.FirstFitPackIterDataset(
+                it, length_struct={k: cfg.seq_len for k in PACKED_KEYS}, num_packing_bins=batch_size,
+                seed=seed, shuffle_bins=train).map(Unpack())
+        it = it.batch(batch_size, drop_remainder=True)
+        if cfg.workers > 0:
+            from absl import flags  # grain 0.2.18 reads absl flags in its workers
+
+            flags.FLAGS.mark_as_parsed()
+            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.workers))
+        elif cfg.prefetch > 0:
+            it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
+        self.dataset = it
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return iter(self.dataset.to_iter_dataset(grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=8 * self.threads + 1)))
+        """A fresh Grain iterator (with get_state / set_state) from the start."""
+        return iter(self.dataset)
+
+    def epoch(self, state: dict[str, Any]) -> float:
+        """Epochs of the split read so far (records read / records), from an iterator state."""
+        return _records_read(state) * self.shard_count / self.records
 
     def take(self, n: int) -> list[dict[str, np.ndarray]]:
         """The first `n` batches (fewer if the split is shorter)."""
-        return [self.dataset[i] for i in range(min(n, len(self.dataset)))]
+        out = []
+        it = iter(self)
+        for batch in it:
+            out.append(batch)
+            if len(out) == n:
+                break
+        if hasattr(it, "close"):
+            it.close()
+        return out

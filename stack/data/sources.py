@@ -1,14 +1,15 @@
-"""Record sources (random access, for Grain): the synthetic task and JSON-lines files."""
+"""Record sources (random access, for Grain): the synthetic task and data files (`FILE_SOURCES`)."""
 
 import glob
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from stack.errors import ConfigError
+from stack.data.formats import ArrayRecordSource, HFDiskSource, ParquetSource
+from stack.errors import ConfigError, DataError
 
 
 def arithmetic_problems(max_operand: int, split: str) -> list[dict[str, str]]:
@@ -22,15 +23,23 @@ def arithmetic_problems(max_operand: int, split: str) -> list[dict[str, str]]:
     return out
 
 
-class JsonlSource:
-    """Random access to the records of one or more JSON-lines files (a line-offset index)."""
+def expand_paths(spec: str | Sequence[str], key: str = "data.path") -> list[str]:
+    """Files of a path, a glob pattern, or a list of either (sorted within each pattern)."""
+    patterns = [spec] if isinstance(spec, str) else list(spec)
+    paths: list[str] = []
+    for pattern in patterns:
+        pattern = os.path.expanduser(str(pattern))
+        matches = sorted(glob.glob(pattern)) or ([pattern] if os.path.exists(pattern) else [])
+        if not matches:
+            raise ConfigError(f"'{key}'={pattern!r}: no file or directory matches.")
+        paths += matches
+    return paths
 
-    def __init__(self, pattern: str):
-        paths = sorted(glob.glob(os.path.expanduser(pattern))) or (
-            [pattern] if os.path.isfile(pattern) else []
-        )
-        if not paths:
-            raise ConfigError(f"'data.path'={pattern!r}: no file matches.")
+
+class JsonlSource:
+    """Random access to the records of JSON-lines files (a line-offset index)."""
+
+    def __init__(self, paths: list[str]):
         self._index: list[tuple[str, int, int]] = []  # (path, line number, byte offset)
         for path in paths:
             with open(path, "rb") as f:
@@ -40,7 +49,7 @@ class JsonlSource:
                         self._index.append((path, lineno, offset))
                     offset += len(line)
         if not self._index:
-            raise ConfigError(f"'data.path'={pattern!r}: the files hold no records.")
+            raise DataError(f"{', '.join(paths)}: the files hold no records.")
 
     def __len__(self) -> int:
         return len(self._index)
@@ -53,11 +62,20 @@ class JsonlSource:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from None
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
         record["_where"] = f"{path}:{lineno}"
         return record
+
+
+# `data.source` -> constructor from the list of files (for hf_disk: saved dataset folders).
+FILE_SOURCES: dict[str, Callable[[list[str]], Sequence[dict[str, Any]]]] = {
+    "jsonl": JsonlSource,
+    "parquet": ParquetSource,
+    "arrayrecord": ArrayRecordSource,
+    "hf_disk": HFDiskSource,
+}
 
 
 class Subset:

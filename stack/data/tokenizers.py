@@ -1,7 +1,7 @@
-"""Tokenizers: a built-in byte-level one (no downloads) and local Hugging Face tokenizer.json."""
+"""Tokenizers: a built-in byte-level one, local Hugging Face tokenizer.json and SentencePiece models."""
 
 import os
-from typing import Protocol
+from typing import Any, Protocol
 
 from stack.errors import ConfigError
 
@@ -65,14 +65,52 @@ class HFTokenizer:
         return self._tok.decode(ids)
 
 
+class SentencePieceTokenizer:
+    """A local SentencePiece `.model` file; bos/eos/pad as the model sets them (no pad: eos)."""
+
+    def __init__(self, path: str):
+        import sentencepiece as spm
+
+        self.path = path
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=path)
+        except (OSError, RuntimeError) as exc:
+            raise ConfigError(f"Tokenizer {path!r}: not a SentencePiece model ({exc}).") from None
+        self.vocab_size = self._sp.get_piece_size()
+        self.eos_id = self._sp.eos_id()
+        if self.eos_id < 0:
+            raise ConfigError(
+                f"Tokenizer {path!r} has no end-of-sequence piece; train it with eos_id >= 0."
+            )
+        self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else self.eos_id
+        self.pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])
+
+
 def make_tokenizer(spec: str) -> Tokenizer:
-    """`byte` or a path to a Hugging Face tokenizer.json (a directory holding one works too)."""
+    """`byte`, a Hugging Face tokenizer.json or a SentencePiece .model (or a directory holding one)."""
     if spec == "byte":
         return ByteTokenizer()
-    path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
+    path = spec
+    if os.path.isdir(spec):
+        path = os.path.join(spec, "tokenizer.json")
+        if not os.path.isfile(path) and os.path.isfile(os.path.join(spec, "tokenizer.model")):
+            path = os.path.join(spec, "tokenizer.model")
     if not os.path.isfile(path):
         raise ConfigError(
-            f"'data.tokenizer'={spec!r}: no such file. Use 'byte' (built in) or the path of a "
-            "local Hugging Face tokenizer.json (nothing is downloaded)."
+            f"'data.tokenizer'={spec!r}: no such file. Use 'byte' (built in), the path of a local "
+            "Hugging Face tokenizer.json, or of a SentencePiece .model file (a directory holding "
+            "tokenizer.json or tokenizer.model works too; nothing is downloaded)."
         )
-    return HFTokenizer(path)
+    return SentencePieceTokenizer(path) if path.endswith(".model") else HFTokenizer(path)

@@ -1,24 +1,28 @@
-"""Schema of the `data` group: source, record kind, tokenizer, shapes."""
+"""Schema of the `data` group: source, record kind, tokenizer, shapes, pipeline."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any
 
 
 @dataclass
 class DataConfig:
     name: str = "synthetic"
-    source: str = "synthetic"  # synthetic | jsonl (parquet, arrayrecord, hf_disk: data issue)
-    kind: str = "sft"  # text | sft | preference | prompt
-    path: Optional[str] = None  # file or glob (file sources)
-    eval_path: Optional[str] = None  # held-out file; else `eval_fraction` of `path`
+    source: str = "synthetic"  # synthetic | jsonl | parquet | arrayrecord | hf_disk
+    kind: str = "sft"  # text | sft | preference | prompt (schemas: stack/data/records.py)
+    path: Any = None  # a file, directory (hf_disk), glob pattern, or a list of them
+    eval_path: Any = None  # held-out files; else `eval_fraction` of `path` (seeded split)
     eval_fraction: float = 0.1
-    tokenizer: str = "byte"  # "byte" (built in) or a local Hugging Face tokenizer.json path
-    chat_template: str = "simple"
+    # "byte" (built in), a Hugging Face tokenizer.json, or a SentencePiece .model (local paths)
+    tokenizer: str = "byte"
+    chat_template: str = "simple"  # simple | chatml | llama3 (stack/data/chat.py)
     seq_len: int = 32
-    batch_size: int = 32
-    truncation: str = "keep_start"  # keep_start | keep_end | error
-    packing: bool = False
+    batch_size: int = 32  # global batch; each process reads batch_size / process_count
+    truncation: str = "keep_start"  # keep_start | keep_end | error (stack/data/encode.py)
+    packing: bool = False  # first-fit packing of text/sft examples, with segment ids
     shuffle: bool = True
-    workers: int = 0  # Grain worker processes (data issue)
-    read_threads: int = 0  # Grain read threads; 0: encode in the main thread while the step runs
+    skip_bad_records: bool = False  # drop records that do not fit, with a counted warning
+    max_bad_fraction: float = 0.01  # ... and stop when more than this fraction is bad
+    workers: int = 0  # Grain worker processes (0: threads in this process)
+    read_threads: int = 0  # Grain threads that read and encode records
+    prefetch: int = 2  # batches a background thread prepares ahead (workers=0)
     max_operand: int = 100  # synthetic source: "a+b=" -> "c" with 0 <= a, b < max_operand

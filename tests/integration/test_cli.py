@@ -139,3 +139,25 @@ def test_perf_metrics_are_logged(tmp_path):
     assert last["perf/tokens_per_sec"] > 0 and 0 < last["perf/mfu"] < 1
     assert last["perf/tflops_per_device"] == pytest.approx(
         last["perf/mfu"] * json.load(open(tmp_path / "cpu_peak.json"))["flops_per_sec"] / 1e12, rel=1e-6)
+
+
+def test_packed_run_logs_data_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_cli(SMALL + ["+recipe=llama_sft", "data.packing=true", "trainer.steps=10", f"run_dir={run_dir}"],
+                  cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    last = [r for r in metrics(run_dir) if "train/loss" in r][-1]
+    assert last["train/packing_efficiency"] > 0.8  # unpacked rows of this data are ~0.4 full
+    assert 0 < last["data/epoch"] < 1 and 0 <= last["perf/data_wait_fraction"] < 1
+
+
+def test_bad_record_mid_run_stops_with_file_and_line(tmp_path):
+    good = [json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) for i in range(40)]
+    (tmp_path / "train.jsonl").write_text("\n".join(good[:30] + ['{"prompt": "x"}'] + good[30:]) + "\n")
+    (tmp_path / "eval.jsonl").write_text("\n".join(good[:8]) + "\n")
+    res = run_cli(SMALL + ["data=jsonl_sft", f"data.path={tmp_path}/train.jsonl", f"data.eval_path={tmp_path}/eval.jsonl",
+                           "data.shuffle=false", "data.batch_size=4", "trainer.steps=20", f"run_dir={tmp_path}/r"],
+                  cwd=str(tmp_path))
+    assert res.returncode == 2, res.stderr
+    assert "train.jsonl:31: a sft record needs a string field 'completion' (missing)" in res.stderr
+    assert "Traceback" not in res.stderr

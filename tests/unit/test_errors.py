@@ -87,3 +87,20 @@ def test_build_time_error_is_clean(tmp_path):
 def test_unknown_key_in_a_chain_entry_lists_its_keys():
     msg = error_of(["optimizer.chain.1.bb1=0.8"])
     assert "'optimizer.chain[1].bb1'" in msg and "Did you mean b1?" in msg
+
+
+def test_data_config_mistakes_fail_before_compute():
+    assert "'data.packing'=true works for data.kind text and sft, not 'preference'" in error_of(
+        ["data=jsonl_prefs", "data.packing=true"])
+    assert "'data.max_bad_fraction'=1.5 must be in [0, 1)" in error_of(["data.max_bad_fraction=1.5"])
+    assert "Unknown value 'chatm' for 'data.chat_template'. Did you mean chatml?" in error_of(["data.chat_template=chatm"])
+    assert "'data.path' is required for data.source='parquet'" in error_of(["data.source=parquet"])
+
+
+def test_data_kind_and_vocab_are_checked_against_algorithm_and_model(tmp_path):
+    for args, message in [
+        (["data=jsonl_prefs"], "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text"),
+        (["model.vocab_size=200"], "'model.vocab_size'=200 is smaller than the tokenizer's vocabulary (259"),
+    ]:
+        res = run_cli(args + ["mode=validate"], cwd=str(tmp_path))
+        assert res.returncode == 2 and message in res.stderr, res.stderr

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from stack.algorithms.sft import SFT
-from stack.data.sft import SFTEncoder
+from stack.data.encode import Encoder
 from stack.data.tokenizers import ByteTokenizer, make_tokenizer
-from stack.errors import ConfigError
+from stack.errors import ConfigError, DataError
 
 
 class FixedLogits:
@@ -58,7 +58,7 @@ def test_masked_positions_cannot_leak():
 
 def test_prompt_completion_masks_prompt():
     tok = ByteTokenizer()
-    row = SFTEncoder(tok, seq_len=12, truncation="keep_start")({"prompt": "1+2=", "completion": "3"})
+    row = Encoder("sft", tok, "simple", 12, "keep_start")({"prompt": "1+2=", "completion": "3"})
     ids = [tok.bos_id] + tok.encode("1+2=") + tok.encode("3") + [tok.eos_id]
     assert row["inputs"][:5].tolist() == ids[:5] and row["targets"][:6].tolist() == ids[1:]
     # loss on the completion "3" and on EOS only (targets aligned)
@@ -72,7 +72,7 @@ def test_chat_messages_loss_only_on_assistant():
     rec = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
                         {"role": "assistant", "content": "yo"}, {"role": "user", "content": "again"},
                         {"role": "assistant", "content": "ok"}]}
-    row = SFTEncoder(tok, seq_len=64, truncation="keep_start")(rec)
+    row = Encoder("sft", tok, "simple", 64, "keep_start")(rec)
     learned = tok.decode([t for t, m in zip(row["targets"], row["loss_mask"]) if m and t != tok.eos_id])
     assert learned == "yook"
     text = tok.decode(row["inputs"].tolist())
@@ -82,20 +82,24 @@ def test_chat_messages_loss_only_on_assistant():
 
 def test_truncation_policies():
     tok = ByteTokenizer()
-    rec = {"prompt": "abcdefgh", "completion": "XYZ"}
-    start = SFTEncoder(tok, 6, "keep_start")(rec)
-    end = SFTEncoder(tok, 6, "keep_end")(rec)
-    assert start["inputs"][0] == tok.bos_id and tok.decode(start["inputs"].tolist()) == "abcde"
-    assert tok.decode(end["targets"].tolist()) == "ghXYZ" and end["targets"][-1] == tok.eos_id
-    with pytest.raises(ValueError, match="data.seq_len"):
-        SFTEncoder(tok, 6, "error")(dict(rec, _where="f.jsonl:3"))
+    rec = {"prompt": "abc", "completion": "XYZUVW"}  # BOS + 9 + EOS = 11 tokens > 7
+    start = Encoder("sft", tok, "simple", 6, "keep_start")(rec)
+    end = Encoder("sft", tok, "simple", 6, "keep_end")(rec)
+    assert start["inputs"][0] == tok.bos_id and tok.decode(start["inputs"].tolist()) == "abcXY"
+    assert tok.decode(start["targets"].tolist()) == "abcXYZ" and tok.eos_id not in start["targets"]
+    assert tok.decode(end["targets"].tolist()) == "XYZUVW"[1:] and end["targets"][-1] == tok.eos_id
+    assert end["loss_mask"].tolist() == [1] * 6 and end["inputs"][0] == tok.encode("X")[0]
+    with pytest.raises(DataError, match=r"f\.jsonl:3: 11 tokens > 7 \(data.seq_len=6\) with data.truncation=error"):
+        Encoder("sft", tok, "simple", 6, "error")(dict(rec, _where="f.jsonl:3"))
+    with pytest.raises(DataError, match="no token carries loss after truncation"):
+        Encoder("sft", tok, "simple", 6, "keep_start")({"prompt": "abcdefgh", "completion": "XYZ"})
 
 
 def test_bad_records_name_the_line():
-    enc = SFTEncoder(ByteTokenizer(), 16, "keep_start")
-    with pytest.raises(ValueError, match=r"f\.jsonl:7.*'prompt' and 'completion'"):
+    enc = Encoder("sft", ByteTokenizer(), "simple", 16, "keep_start")
+    with pytest.raises(DataError, match=r"f\.jsonl:7.*string field 'completion' \(missing\)"):
         enc({"prompt": "x", "answer": "y", "_where": "f.jsonl:7"})
-    with pytest.raises(ValueError, match=r"f\.jsonl:8.*role"):
+    with pytest.raises(DataError, match=r"f\.jsonl:8.*role"):
         enc({"messages": [{"role": "robot", "content": "x"}], "_where": "f.jsonl:8"})
 
 
@@ -110,7 +114,7 @@ def test_hf_tokenizer_json(tmp_path):
     tok.save(str(path))
     ours = make_tokenizer(str(tmp_path))
     assert (ours.bos_id, ours.eos_id, ours.pad_id, ours.vocab_size) == (0, 1, 2, 9)
-    row = SFTEncoder(ours, 8, "keep_start")({"prompt": "1+2=", "completion": "3"})
+    row = Encoder("sft", ours, "simple", 8, "keep_start")({"prompt": "1+2=", "completion": "3"})
     assert row["inputs"][:5].tolist() == [0, 3, 4, 5, 6] and row["targets"][4:6].tolist() == [7, 1]
     with pytest.raises(ConfigError, match="data.tokenizer"):
         make_tokenizer(str(tmp_path / "missing.json"))
@@ -121,7 +125,7 @@ def test_jsonl_malformed_line_names_file_and_line(tmp_path):
 
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n{oops\n")
-    src = JsonlSource(str(path))
+    src = JsonlSource([str(path)])
     assert src[0]["prompt"] == "a"
-    with pytest.raises(ValueError, match=r"d\.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"d\.jsonl:2: not valid JSON"):
         src[1]

@@ -1,0 +1,122 @@
+"""The Grain transform that turns a record into token rows of a fixed length.
+
+Rows hold `seq_len + 1` tokens: BOS, the record's pieces, EOS; `inputs` and `targets` are the
+two shifted views. `loss_mask` is 1 where the target carries loss; `segment_ids` is 1 on
+real inputs and 0 on padding; `positions` count from 0. With `pack=True` text/sft rows are
+left unpadded for Grain's first-fit packer, which sets per-segment ids and positions.
+
+Truncation (`data.truncation`) applies to a sequence longer than `seq_len + 1` tokens:
+`keep_start` drops tokens from the end (the EOS and the completion's tail), `keep_end` drops
+them from the start (BOS and the prompt's head: keeps the completion), `error` (truncation
+off) raises a DataError naming the record.
+"""
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from stack.data import records
+from stack.data.chat import TEMPLATES
+from stack.data.tokenizers import Tokenizer
+from stack.errors import DataError
+
+log = logging.getLogger(__name__)
+Row = dict[str, np.ndarray]
+
+
+class Encoder:
+    """Picklable record -> row transform for one `data.kind`; None for a skipped bad record.
+
+    With `skip_bad=True` a bad record is dropped with a counted warning; the run stops once
+    more than `max_bad_fraction` of the records read (never counted over fewer than
+    min(1000, n_records)) were bad.
+    """
+
+    def __init__(self, kind: str, tokenizer: Tokenizer, chat_template: str, seq_len: int,
+                 truncation: str, pack: bool = False, skip_bad: bool = False,
+                 max_bad_fraction: float = 0.0, n_records: int = 1000):
+        self.kind, self.tok, self.template = kind, tokenizer, TEMPLATES[chat_template]
+        self.seq_len, self.truncation, self.pack = seq_len, truncation, pack
+        self.skip_bad, self.max_bad_fraction, self.window = skip_bad, max_bad_fraction, min(1000, n_records)
+        self.seen = self.bad = 0
+
+    def __call__(self, record: dict[str, Any]) -> Row | None:
+        self.seen += 1
+        where = record.get("_where", "record")
+        try:
+            if "_error" in record:  # the source could not read it (see pipeline.Tolerant)
+                raise DataError(record["_error"])
+            return self.encode(record, where)
+        except DataError as exc:
+            if not self.skip_bad:
+                raise
+            self.bad += 1
+            if self.bad > self.max_bad_fraction * max(self.seen, self.window):
+                raise DataError(
+                    f"{self.bad} of {self.seen} records read were bad, more than "
+                    f"data.max_bad_fraction={self.max_bad_fraction}; the last: {exc} "
+                    "Fix the data or raise data.max_bad_fraction."
+                ) from None
+            if self.bad <= 10 or self.bad % 100 == 0:
+                log.warning("skipped bad record %d (data.skip_bad_records=true): %s", self.bad, exc)
+            return None
+
+    def encode(self, record: dict[str, Any], where: str) -> Row:
+        """The row(s) of one record; raises DataError if it does not fit its kind."""
+        if self.kind == "preference":
+            chosen, rejected = records.preference_pieces(record, where, self.template)
+            rows = [self._row(*self._tokens(p, where), pad=True) for p in (chosen, rejected)]
+            return {k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}
+        if self.kind == "prompt":
+            pieces, answer = records.prompt_pieces(record, where, self.template)
+            return self._prompt_row(pieces, answer, where)
+        pieces = (records.text_pieces(record, where) if self.kind == "text"
+                  else records.sft_pieces(record, where, self.template))
+        return self._row(*self._tokens(pieces, where), pad=not self.pack)
+
+    def _tokens(self, pieces: records.Pieces, where: str, eos: bool = True) -> tuple[list[int], list[int]]:
+        """BOS + pieces (+ EOS) and their loss flags, truncated to a row (a prompt: seq_len)."""
+        ids, mask = [self.tok.bos_id], [0]
+        for text, loss in pieces:
+            piece = self.tok.encode(text)
+            ids += piece
+            mask += [int(loss)] * len(piece)
+        if eos:
+            ids.append(self.tok.eos_id)
+            mask.append(1)
+        n = self.seq_len + int(eos)
+        if len(ids) > n:
+            if self.truncation == "error":
+                raise DataError(
+                    f"{where}: {len(ids)} tokens > {n} (data.seq_len={self.seq_len}) with data.truncation=error "
+                    "(set data.truncation=keep_start or keep_end, or raise data.seq_len)."
+                )
+            sl = slice(0, n) if self.truncation == "keep_start" else slice(len(ids) - n, None)
+            ids, mask = ids[sl], mask[sl]
+        if not any(mask[1:]):
+            raise DataError(f"{where}: no token carries loss after truncation to data.seq_len={self.seq_len} "
+                            "(raise data.seq_len, use data.truncation=keep_end, or data.skip_bad_records=true).")
+        return ids, mask
+
+    def _row(self, ids: list[int], mask: list[int], pad: bool) -> Row:
+        real = len(ids) - 1
+        n = self.seq_len + 1 if pad else len(ids)
+        tokens = np.full(n, self.tok.pad_id, np.int32)
+        tokens[: len(ids)] = ids
+        loss = np.zeros(n, np.float32)
+        loss[: len(mask)] = mask
+        row = {"inputs": tokens[:-1], "targets": tokens[1:], "loss_mask": loss[1:]}
+        if pad:
+            row["segment_ids"] = (np.arange(n - 1) < real).astype(np.int32)
+            row["positions"] = np.arange(n - 1, dtype=np.int32)
+        return row
+
+    def _prompt_row(self, pieces: records.Pieces, answer: str, where: str) -> Row:
+        ids, _ = self._tokens([(t, True) for t, _ in pieces], where, eos=False)
+        pad = self.seq_len - len(ids)  # prompts are left-padded, ready for generation
+        return {
+            "prompt_ids": np.array([self.tok.pad_id] * pad + ids, np.int32),
+            "prompt_mask": np.array([0] * pad + [1] * len(ids), np.int32),
+            "answer": np.array(answer),
+        }

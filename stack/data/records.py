@@ -1,0 +1,82 @@
+"""Record kinds and their schemas: a record (dict) -> (text, has_loss) pieces.
+
+- `text`       {"text": str}: pretraining; every token carries loss.
+- `sft`        {"prompt": str, "completion": str} or {"messages": [{"role", "content"}, ...]}:
+               loss only on the completion / assistant turns.
+- `preference` {"prompt", "chosen", "rejected"}: each a string, or the prompt a message list
+               and chosen / rejected assistant message lists (TRL's conversational format).
+- `prompt`     {"prompt": str | messages, "answer": str | number (optional)}: for PPO/GRPO;
+               chat prompts end with an open assistant turn.
+
+A record that does not fit raises DataError naming its file and line (`_where`).
+"""
+
+from typing import Any
+
+from stack.data.chat import ChatTemplate, check_messages, render
+from stack.errors import DataError
+
+Pieces = list[tuple[str, bool]]
+KINDS = ("text", "sft", "preference", "prompt")
+
+
+def _keys(record: dict[str, Any]) -> list[str]:
+    return sorted(k for k in record if k != "_where")
+
+
+def _string(record: dict[str, Any], field: str, where: str, kind: str) -> str:
+    value = record.get(field)
+    if not isinstance(value, str):
+        got = "missing" if field not in record else f"a {type(value).__name__}"
+        raise DataError(f"{where}: a {kind} record needs a string field '{field}' ({got}); keys: {_keys(record)}.")
+    return value
+
+
+def text_pieces(record: dict[str, Any], where: str) -> Pieces:
+    return [(_string(record, "text", where, "text"), True)]
+
+
+def sft_pieces(record: dict[str, Any], where: str, template: ChatTemplate) -> Pieces:
+    if "messages" in record:
+        pieces = render(check_messages(record["messages"], where, "messages"), template)
+        if not any(loss for _, loss in pieces):
+            raise DataError(f"{where}: 'messages' has no assistant turn to learn from.")
+        return pieces
+    if "prompt" not in record and "completion" not in record:
+        raise DataError(f"{where}: an sft record needs 'prompt' and 'completion', or 'messages'; "
+                        f"keys: {_keys(record)}.")
+    return [(_string(record, "prompt", where, "sft"), False), (_string(record, "completion", where, "sft"), True)]
+
+
+def _prompt(record: dict[str, Any], where: str, template: ChatTemplate, generation_prompt: bool) -> Pieces:
+    value = record.get("prompt")
+    if isinstance(value, list):
+        return render(check_messages(value, where, "prompt"), template, generation_prompt)
+    return [(_string(record, "prompt", where, "prompt"), False)]
+
+
+def preference_pieces(record: dict[str, Any], where: str, template: ChatTemplate) -> tuple[Pieces, Pieces]:
+    """(prompt + chosen, prompt + rejected) pieces; loss marks the completions."""
+    chat = isinstance(record.get("prompt"), list)
+    prompt = _prompt(record, where, template, generation_prompt=False)
+    out = []
+    for field in ("chosen", "rejected"):
+        value = record.get(field)
+        if isinstance(value, list):
+            completion = render(check_messages(value, where, field), template)
+            if any(m["role"] != "assistant" for m in value):
+                raise DataError(f"{where}: '{field}' may hold only assistant messages.")
+        elif chat and isinstance(value, str):
+            completion = render([{"role": "assistant", "content": value}], template)
+        else:
+            completion = [(_string(record, field, where, "preference"), True)]
+        out.append(prompt + completion)
+    return out[0], out[1]
+
+
+def prompt_pieces(record: dict[str, Any], where: str, template: ChatTemplate) -> tuple[Pieces, str]:
+    """The prompt's pieces (an open assistant turn for chat prompts) and the reference answer."""
+    answer = record.get("answer", "")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise DataError(f"{where}: 'answer' must be a string or a number, got a {type(answer).__name__}.")
+    return _prompt(record, where, template, generation_prompt=True), str(answer)

@@ -1,0 +1,180 @@
+"""HF Llama interop against the reference: transformers' LlamaForCausalLM (torch, CPU, fp32)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+transformers = pytest.importorskip("transformers", reason="HF interop tests need transformers")
+torch = pytest.importorskip("torch", reason="HF interop tests need torch (CPU)")
+
+from stack.errors import ConfigError  # noqa: E402
+from stack.models.hf import check_config, export_hf, hf_config_to_model, load_hf_weights  # noqa: E402
+from stack.models.llama import abstract_model  # noqa: E402
+from stack.schema.model import ModelConfig, RopeScalingConfig  # noqa: E402
+
+SEQ = 48
+SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 16}
+forward = nnx.jit(lambda model, tokens: model(tokens))
+
+
+def hf_model(tie: bool = False, rope_scaling: dict | None = None, n_layers: int = 2):
+    """A tiny random fp32 LlamaForCausalLM (GQA) whose every weight, norms included, is O(1)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=80, max_position_embeddings=256, rms_norm_eps=1e-5,
+        rope_theta=10000.0, rope_scaling=dict(rope_scaling) if rope_scaling else None,  # it edits the dict
+        tie_word_embeddings=tie)
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if p.ndim == 1 else torch.randn_like(p) / p.shape[1] ** 0.5)
+    return model
+
+
+def our_cfg(tie: bool = False, rope_scaling: dict | None = None, **kw) -> ModelConfig:
+    scaling = None if rope_scaling is None else RopeScalingConfig(
+        **{k: v for k, v in rope_scaling.items() if k != "rope_type"})
+    base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=80,
+                rope_theta=10000.0, rope_scaling=scaling, max_seq_len=256, norm_eps=1e-5,
+                tie_embeddings=tie)
+    return ModelConfig(**{**base, **kw})
+
+
+def tokens(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 97, size=(2, SEQ), dtype=np.int32)
+
+
+def hf_logits(model, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+
+
+def max_diff(model, hf, ids) -> float:
+    return float(np.abs(np.asarray(forward(model, jnp.asarray(ids))) - hf_logits(hf, ids)).max())
+
+
+@pytest.mark.parametrize("case", ["gqa", "tied", "llama3_rope", "sharded"])
+def test_load_matches_transformers(case, tmp_path):
+    tie, scaling = case == "tied", SCALING if case == "llama3_rope" else None
+    hf = hf_model(tie, scaling)
+    hf.save_pretrained(tmp_path, safe_serialization=True,
+                       **({"max_shard_size": "20KB"} if case == "sharded" else {}))
+    if case == "sharded":
+        with open(tmp_path / "model.safetensors.index.json") as f:
+            assert len(set(json.load(f)["weight_map"].values())) > 2
+    cfg = our_cfg(tie, scaling)
+    model = abstract_model(cfg)  # the loader fills a shape-only model too
+    load_hf_weights(model, cfg, f"hf:{tmp_path}")
+    ids = tokens()
+    assert max_diff(model, hf, ids) < 1e-4
+    if case == "llama3_rope":  # positions past original_max_position_embeddings: scaling matters
+        plain = abstract_model(our_cfg())
+        nnx.update(plain, nnx.state(model, nnx.Param))
+        assert max_diff(plain, hf, ids) > 1e-2
+
+
+def randomized(cfg, seed: int = 0):
+    """Our model with O(1) random weights (norms around 1)."""
+    model = abstract_model(cfg)
+    rng = np.random.default_rng(seed)
+    draw = lambda x: jnp.asarray(1 + 0.3 * rng.normal(size=x.shape) if x.ndim == 1
+                                 else rng.normal(size=x.shape) / np.sqrt(x.shape[0]), x.dtype)
+    nnx.update(model, jax.tree.map(draw, nnx.state(model, nnx.Param)))
+    return model
+
+
+@pytest.mark.parametrize("tie,scaling,dtype", [(False, None, "float32"), (True, SCALING, "bfloat16")])
+def test_export_loads_in_transformers(tie, scaling, dtype, tmp_path):
+    cfg = our_cfg(tie, scaling)
+    model = randomized(cfg)
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "notes.txt"):
+        (tok_dir / name).write_text(f"content of {name}")
+    out = tmp_path / "out"
+    export_hf(model, cfg, str(out), tokenizer_dir=str(tok_dir), dtype=dtype)
+    assert (out / "tokenizer.json").read_text() == "content of tokenizer.json"
+    assert (out / "tokenizer_config.json").exists() and not (out / "notes.txt").exists()
+    with open(out / "config.json") as f:
+        check_config(json.load(f), cfg)
+    hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    if dtype == "bfloat16":  # compare with our weights rounded the same way
+        rounded = lambda x: x.astype(jnp.bfloat16).astype(x.dtype)
+        nnx.update(model, jax.tree.map(rounded, nnx.state(model, nnx.Param)))
+    assert max_diff(model, hf, tokens(1)) < 1e-4
+    back = randomized(cfg, 5)  # and our loader reads the export (bf16 included) exactly
+    load_hf_weights(back, cfg, str(out))
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(back, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_config_both_transformers_styles():
+    old = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256,
+           "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "rope_theta": 500000.0,
+           "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+           "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    want = {"vocab_size": 128256, "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8,
+            "head_dim": None, "d_ff": 14336, "rope_theta": 500000.0, "max_seq_len": 131072,
+            "norm_eps": 1e-5, "tie_embeddings": False,
+            "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    assert hf_config_to_model(old) == want
+    new = {k: v for k, v in old.items() if k not in ("rope_theta", "rope_scaling")}
+    new["rope_parameters"] = {**old["rope_scaling"], "rope_type": "llama3", "rope_theta": 500000.0}
+    del new["rope_parameters"]["type"]
+    assert hf_config_to_model(new) == want
+    new["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    assert hf_config_to_model(new) | {"rope_theta": 500000.0} == want | {"rope_scaling": None}
+
+
+@pytest.fixture
+def saved(tmp_path):
+    hf_model().save_pretrained(tmp_path, safe_serialization=True)
+    return tmp_path
+
+
+def test_config_mismatch_names_every_key(saved):
+    cfg = our_cfg(n_layers=3, d_ff=96)
+    with pytest.raises(ConfigError) as err:
+        load_hf_weights(abstract_model(cfg), cfg, str(saved))
+    msg = str(err.value)
+    assert "model.n_layers=3 vs config.json num_hidden_layers=2" in msg
+    assert "model.d_ff=96 vs config.json intermediate_size=80" in msg
+
+
+def test_rejects_non_llama(saved):
+    with open(saved / "config.json") as f:
+        hf = json.load(f)
+    with pytest.raises(ConfigError, match="model_type='mistral'.*only Llama"):
+        check_config({**hf, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, our_cfg())
+
+
+def edit_tensors(path, edit) -> None:
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def test_missing_tensor(saved):
+    edit_tensors(saved, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    cfg = our_cfg()
+    with pytest.raises(ConfigError, match=r"lacks tensors \['model.layers.1.mlp.up_proj.weight'\]"):
+        load_hf_weights(abstract_model(cfg), cfg, str(saved))
+
+
+def test_wrong_shape(saved):
+    edit_tensors(saved, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.zeros((8, 32), np.float32)}))
+    cfg = our_cfg()
+    with pytest.raises(ConfigError, match=r"model.layers.0.self_attn.k_proj.weight: expected \(16, 32\), got \(8, 32\)"):
+        load_hf_weights(abstract_model(cfg), cfg, str(saved))

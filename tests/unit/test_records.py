@@ -1,0 +1,62 @@
+"""Record kinds and chat templates: rendered text and loss flags against hand-written strings."""
+
+import pytest
+
+from stack.data.chat import TEMPLATES, render
+from stack.data.encode import Encoder
+from stack.data.records import preference_pieces
+from stack.data.tokenizers import ByteTokenizer
+from stack.errors import DataError
+
+TOK = ByteTokenizer()
+CHAT = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+
+
+def learned(pieces):
+    return "".join(t for t, loss in pieces if loss)
+
+
+def test_llama3_and_chatml_templates_learn_the_end_of_turn():
+    llama3 = render(CHAT, TEMPLATES["llama3"])
+    assert "".join(t for t, _ in llama3) == (
+        "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|>")
+    assert learned(llama3) == "yo<|eot_id|>"
+    chatml = render(CHAT, TEMPLATES["chatml"])
+    assert "".join(t for t, _ in chatml).endswith("<|im_start|>assistant\nyo<|im_end|>\n")
+    assert learned(chatml) == "yo<|im_end|>\n"
+    opened = render(CHAT[:2], TEMPLATES["chatml"], generation_prompt=True)
+    assert "".join(t for t, _ in opened).endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_text_kind_learns_every_token():
+    row = Encoder("text", TOK, "simple", 8, "keep_start")({"text": "abc"})
+    assert row["loss_mask"].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]  # a, b, c, EOS
+    assert row["segment_ids"].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_conversational_preferences_share_the_rendered_prompt():
+    rec = {"prompt": CHAT[:2], "chosen": [{"role": "assistant", "content": "4"}],
+           "rejected": [{"role": "assistant", "content": "5"}]}
+    chosen, rejected = preference_pieces(rec, "p.jsonl:1", TEMPLATES["simple"])
+    assert chosen[:-1] == rejected[:-1] and learned(chosen) == "4" and learned(rejected) == "5"
+    assert "".join(t for t, _ in chosen) == "system: S\nuser: hi\nassistant: 4"
+    row = Encoder("preference", TOK, "simple", 32, "keep_start")(rec)
+    assert row["inputs"].shape == (2, 32) and row["loss_mask"].sum(axis=1).tolist() == [2, 2]  # answer + EOS
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"prompt": "a", "chosen": "b"}, r"p\.jsonl:9: a preference record needs a string field 'rejected' \(missing\)"),
+    ({"prompt": "a", "chosen": 1, "rejected": "c"}, r"'chosen' \(a int\)"),
+    ({"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "user", "content": "b"}],
+      "rejected": "c"}, "'chosen' may hold only assistant messages"),
+])
+def test_preference_records_that_do_not_fit(record, message):
+    with pytest.raises(DataError, match=message):
+        Encoder("preference", TOK, "simple", 32, "keep_start")(dict(record, _where="p.jsonl:9"))
+
+
+def test_prompt_answers_must_be_scalars():
+    with pytest.raises(DataError, match=r"q\.jsonl:2: 'answer' must be a string or a number, got a list"):
+        Encoder("prompt", TOK, "simple", 32, "keep_end")({"prompt": "a", "answer": [1], "_where": "q.jsonl:2"})

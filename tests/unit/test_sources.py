@@ -1,0 +1,134 @@
+"""Record sources over real files: JSON lines, Parquet, ArrayRecord and a saved HF dataset."""
+
+import json
+import os
+import pickle
+import re
+
+import grain
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from stack.data.sources import FILE_SOURCES, expand_paths
+from stack.errors import DataError
+
+RECORDS = [
+    {"prompt": f"{a}+{a * 3}=", "completion": str(a * 4)} if a % 3 else
+    {"prompt": f"Say «{a}» twice.", "completion": f"{a} {a}\nnext"}
+    for a in range(20)
+]
+
+
+def write_arrayrecord(path: str, payloads: list[bytes]) -> None:
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for payload in payloads:
+        writer.write(payload)
+    writer.close()
+
+
+def save_hf(path: str, **splits: list[dict]) -> None:
+    import datasets  # dev dependency: a missing install fails the test
+
+    datasets.disable_progress_bars()
+    if list(splits) == ["records"]:
+        datasets.Dataset.from_list(splits["records"]).save_to_disk(path)
+    else:
+        datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(path)
+
+
+@pytest.fixture
+def data(tmp_path) -> dict[str, tuple[str, list[str]]]:
+    """kind -> (path spec for expand_paths, the expected `_where` of each record)."""
+    d = str(tmp_path)
+    jsonl = os.path.join(d, "d.jsonl")
+    with open(jsonl, "w") as f:
+        f.write("\n".join(json.dumps(r) for r in RECORDS[:7]) + "\n\n")  # a blank line is skipped
+        f.write("\n".join(json.dumps(r) for r in RECORDS[7:]) + "\n")
+    parquet = [os.path.join(d, f"part-{k}.parquet") for k in range(2)]
+    pq.write_table(pa.Table.from_pylist(RECORDS[:11]), parquet[0], row_group_size=3)
+    pq.write_table(pa.Table.from_pylist(RECORDS[11:]), parquet[1], row_group_size=3)
+    arrayrecord = [os.path.join(d, f"shard-{k}.array_record") for k in range(2)]
+    write_arrayrecord(arrayrecord[0], [json.dumps(r).encode() for r in RECORDS[:8]])
+    write_arrayrecord(arrayrecord[1], [json.dumps(r).encode() for r in RECORDS[8:]])
+    hf = os.path.join(d, "hf")
+    save_hf(hf, records=RECORDS)
+    return {
+        "jsonl": (jsonl, [f"{jsonl}:{n}" for n in [*range(1, 8), *range(9, 22)]]),
+        "parquet": (os.path.join(d, "part-*.parquet"),
+                    [f"{parquet[0]}:row {n}" for n in range(11)]
+                    + [f"{parquet[1]}:row {n}" for n in range(9)]),
+        "arrayrecord": ([os.path.join(d, "shard-*.array_record")],
+                        [f"{arrayrecord[0]}:record {n}" for n in range(8)]
+                        + [f"{arrayrecord[1]}:record {n}" for n in range(12)]),
+        "hf_disk": (hf, [f"{hf}:row {n}" for n in range(20)]),
+    }
+
+
+def strip(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "_where"}
+
+
+@pytest.mark.parametrize("kind", sorted(FILE_SOURCES))
+def test_same_records_in_order_with_where(data, kind):
+    spec, wheres = data[kind]
+    src = FILE_SOURCES[kind](expand_paths(spec))
+    records = [src[i] for i in range(len(src))]
+    assert [strip(r) for r in records] == RECORDS
+    assert [r["_where"] for r in records] == wheres
+    assert strip(src[-1]) == RECORDS[-1]
+    with pytest.raises(IndexError):
+        src[len(src)]
+
+
+@pytest.mark.parametrize("kind", sorted(FILE_SOURCES))
+def test_grain_shuffle_and_pickle(data, kind):
+    src = FILE_SOURCES[kind](expand_paths(data[kind][0]))
+    ds = grain.MapDataset.source(src).shuffle(seed=0)
+    shuffled = [strip(ds[i]) for i in range(len(ds))]
+    key = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+    assert shuffled != RECORDS and sorted(shuffled, key=key) == sorted(RECORDS, key=key)
+    clone = pickle.loads(pickle.dumps(src))  # after accesses: open readers and caches
+    assert [clone[i] for i in (0, 13, 19)] == [src[i] for i in (0, 13, 19)]
+
+
+def test_malformed_arrayrecord_record_names_file_and_record(tmp_path):
+    path = str(tmp_path / "bad.array_record")
+    good = [json.dumps(r).encode() for r in RECORDS[:3]]
+    write_arrayrecord(path, [*good, b"{oops", b"[1, 2]", b"\xff\xfe"])
+    src = FILE_SOURCES["arrayrecord"]([path])
+    assert strip(src[2]) == RECORDS[2]
+    with pytest.raises(DataError, match=f"{re.escape(path)}:record 3: not UTF-8 JSON"):
+        src[3]
+    with pytest.raises(DataError, match=f"{re.escape(path)}:record 4: expected a JSON object, got list"):
+        src[4]
+    with pytest.raises(DataError, match=f"{re.escape(path)}:record 5"):
+        src[5]
+
+
+def test_empty_files_raise(tmp_path):
+    parquet = str(tmp_path / "empty.parquet")
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), parquet)
+    with pytest.raises(DataError, match=f"{re.escape(parquet)}: the files hold no records"):
+        FILE_SOURCES["parquet"]([parquet])
+    arrayrecord = str(tmp_path / "empty.array_record")
+    write_arrayrecord(arrayrecord, [])
+    with pytest.raises(DataError, match="hold no records"):
+        FILE_SOURCES["arrayrecord"]([arrayrecord])
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrayrecord", "hf_disk"])
+def test_wrong_format_names_the_file(tmp_path, kind):
+    path = tmp_path / "not-data.txt"
+    path.write_text("just text\n")
+    with pytest.raises(DataError, match=re.escape(str(tmp_path))):
+        FILE_SOURCES[kind]([str(path) if kind != "hf_disk" else str(tmp_path)])
+
+
+def test_dataset_dict_dir_names_the_splits(tmp_path):
+    path = str(tmp_path / "dd")
+    save_hf(path, train=RECORDS[:15], test=RECORDS[15:])
+    with pytest.raises(DataError, match=r"splits train, test; point at one split's folder"):
+        FILE_SOURCES["hf_disk"]([path])
+    assert [strip(r) for r in FILE_SOURCES["hf_disk"]([os.path.join(path, "test")])] == RECORDS[15:]
