@@ -15,11 +15,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from stack.algorithms.base import Algorithm
+from stack.checkpoint import Checkpointer
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import Tokenizer, make_tokenizer
 from stack.errors import ConfigError
 from stack.hardware import check_platform, peak_flops_per_device, train_flops_per_token
 from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
+from stack.models.hf import load_hf_weights
 from stack.models.llama import abstract_model, init_model
 from stack.parallel import check_layout, logical_rules, make_mesh
 
@@ -42,6 +44,8 @@ class Experiment:
     flops_per_token: float  # training FLOPs per token (stack.hardware, MaxText's formula)
     peak_flops_per_device: float
     sinks: list[Sink] = field(default_factory=list)
+    checkpointer: Checkpointer | None = None  # None: shape-only (validate / compile)
+    wandb_id: str | None = None
     opt_state: Any = None  # set by the loop when training ends
 
 
@@ -64,7 +68,8 @@ def make_optimizer(cfg: Any, grad_accum: int) -> tuple[optax.GradientTransformat
     return (optax.MultiSteps(tx, every_k_schedule=grad_accum) if grad_accum > 1 else tx), schedule
 
 
-def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | None) -> list[Sink]:
+def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | None,
+               wandb_id: str | None = None) -> list[Sink]:
     """Loggers from the `logger` group (metrics.jsonl, console, wandb)."""
     log = cfg.logger
     sinks: list[Sink] = [ConsoleSink(cfg.trainer.steps, progress=log.progress)]
@@ -74,8 +79,22 @@ def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | Non
         from stack.logging.wandb_sink import WandbSink
 
         config = OmegaConf.to_container(cfg, resolve=True)
-        sinks.append(WandbSink(log, run_dir, config, group=group, name=name))
+        sinks.append(WandbSink(log, run_dir, config, group=group, run_id=wandb_id, name=name))
     return sinks
+
+
+def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:
+    """The model to train: random (`seed`), or `model.init_from=hf:DIR` (a local HF Llama)."""
+    source = cfg.model.init_from
+    if abstract or (source and source.startswith("hf:")):
+        model = abstract_model(cfg.model)
+        if not abstract:
+            load_hf_weights(model, cfg.model, source)  # config.json shapes checked first
+        return model
+    if source:
+        raise ConfigError(f"'model.init_from'={source!r}: only hf:DIR (a local Hugging Face Llama) is "
+                          "supported so far; starting from a stack checkpoint is not implemented yet.")
+    return init_model(cfg.model, cfg.seed)
 
 
 def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | None = None,
@@ -111,10 +130,15 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
             "add eval data or lower data.batch_size."
         )
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
-        model = abstract_model(cfg.model) if abstract else init_model(cfg.model, cfg.seed)
+        model = initial_model(cfg, abstract)
     tx, schedule = make_optimizer(cfg.optimizer, cfg.trainer.grad_accum)
-    sinks = [] if abstract else make_sinks(cfg, run_dir, group, name)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
-    peak = 0.0 if abstract else peak_flops_per_device(cfg.hardware, run_dir)
+    if abstract:
+        return Experiment(cfg, run_dir, mesh, rules, model, tx, schedule, algorithm, tokenizer, train, evals,
+                          flops, 0.0)
+    checkpointer = Checkpointer(cfg, run_dir)
+    wandb_id = (checkpointer.latest_meta() or {}).get("wandb_id")  # a resumed run continues its wandb run
+    sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
+    wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, tx, schedule, algorithm, tokenizer, train, evals,
-                      flops, peak, sinks)
+                      flops, peak_flops_per_device(cfg.hardware, run_dir), sinks, checkpointer, wandb_id)

@@ -56,16 +56,21 @@ def run(cfg: DictConfig) -> Any:
     try:
         summary = train(exp)
     finally:
+        exp.checkpointer.close()  # the last async save completes before the process ends
         for sink in exp.sinks:
             sink.close(summary)
+    if summary["preempted"]:
+        print(f"preempted by signal {int(summary['preempted'])} after step {summary['steps']}: checkpoint "
+              "saved; rerun the same command to resume.", flush=True)
     objective = summary.get(cfg.trainer.objective)
+    resumed = f" (resumed after step {summary['first_step'] - 1})" if summary["first_step"] > 1 else ""
     if objective is None:
         raise ConfigError(
             f"'trainer.objective'={cfg.trainer.objective!r} is not a summary metric; "
             f"available: {', '.join(sorted(summary))}."
         )
     print(
-        f"done: {summary['steps']} steps in {summary['seconds']:.1f}s "
+        f"done: {summary['steps']} steps{resumed} in {summary['seconds']:.1f}s "
         f"(compile {summary['compile_seconds']:.1f}s) | train/loss {summary.get('train/loss', float('nan')):.4f} | "
         f"eval/loss {summary['eval/loss_at_start']:.4f} -> {summary['eval/loss']:.4f} | "
         f"{summary['perf/tokens_per_sec']:,.0f} tok/s, MFU {summary['perf/mfu']:.1%} | {cfg.trainer.objective} {objective:.4f} | {run_dir}",

@@ -21,7 +21,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
     "quantization.method": ("none",),
-    "checkpoint.name": ("none",),
+    "checkpoint.name": ("none", "local", "persistent", "multi_tier"),
     "hardware.platform": ("cpu", "gpu", "tpu"),
 }
 
@@ -53,6 +53,7 @@ def validate(cfg: DictConfig) -> None:
             "set 'model.head_dim' explicitly or pick sizes that divide."
         )
     _check_data(cfg.data)
+    _check_checkpoint(cfg.checkpoint)
     check_targets(cfg, tuple(cfg.allow_targets))
 
 
@@ -79,6 +80,23 @@ def _check_data(d: DictConfig) -> None:
     for key in ("workers", "read_threads", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"'data.{key}'={d[key]} must be >= 0.")
+
+
+def _check_checkpoint(c: DictConfig) -> None:
+    if c.name == "persistent" and not c.path:
+        raise ConfigError("'checkpoint.path' is required for checkpoint=persistent (a durable path or URI).")
+    if c.name == "multi_tier" and not (c.persistent and c.persistent.path):
+        raise ConfigError("'checkpoint.persistent.path' is required for checkpoint=multi_tier (the durable tier).")
+    for key in ("every", "persistent.every"):
+        value = OmegaConf.select(c, key)
+        if value is not None and value < 0:
+            raise ConfigError(f"'checkpoint.{key}'={value} must be >= 0 (0: only the final save).")
+    for key in ("keep", "persistent.keep"):
+        value = OmegaConf.select(c, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"'checkpoint.{key}'={value} must be >= 1.")
+    if not c.resume:
+        raise ConfigError("'checkpoint.resume' must be auto, never, or the path of a checkpoints dir.")
 
 
 def _check_schema_keys(node: Any, prefix: str) -> None:

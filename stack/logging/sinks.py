@@ -10,6 +10,10 @@ from typing import Protocol, TextIO
 class Sink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
+    def rewind(self, step: int) -> None:
+        """A resumed run continues after `step`: forget what was logged after it."""
+        ...
+
     def close(self, summary: dict[str, float] | None = None) -> None: ...
 
 
@@ -24,6 +28,15 @@ class JsonlSink:
         clean = {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}
         self._f.write(json.dumps({"step": step, **clean}) + "\n")
         self._f.flush()
+
+    def rewind(self, step: int) -> None:
+        """Drop rows after `step` (logged by a killed run after its last checkpoint)."""
+        self._f.close()
+        with open(self.path) as f:
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        with open(self.path, "w") as f:
+            f.writelines(keep)
+        self._f = open(self.path, "a")
 
     def close(self, summary: dict[str, float] | None = None) -> None:
         self._f.close()
@@ -56,6 +69,9 @@ class ConsoleSink:
             shown = " ".join(f"{k} {v:.4f}" for k, v in sorted(evals.items()))
             self.stream.write(f"step {step}: {shown}\n")
             self.stream.flush()
+
+    def rewind(self, step: int) -> None:
+        pass
 
     def close(self, summary: dict[str, float] | None = None) -> None:
         if self._on_bar_line:

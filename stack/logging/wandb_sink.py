@@ -81,6 +81,9 @@ class WandbSink:
         """Logs `metrics` at `step`."""
         self._run.log(metrics, step=step)
 
+    def rewind(self, step: int) -> None:
+        """Nothing to drop: wandb ignores history rows at steps it already has (resume="allow")."""
+
     def close(self, summary: dict[str, float] | None = None) -> None:
         """Writes `summary` into the run summary and finishes the run.
 

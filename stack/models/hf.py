@@ -26,10 +26,9 @@ from stack.errors import ConfigError, bad_choice
 
 # ModelConfig field -> config.json key (as named in error messages)
 HF_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-           "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
-           "head_dim": "head_dim", "d_ff": "intermediate_size", "rope_theta": "rope_theta",
-           "rope_scaling": "rope_scaling", "norm_eps": "rms_norm_eps",
-           "tie_embeddings": "tie_word_embeddings"}
+           "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+           "d_ff": "intermediate_size", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
+           "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings"}
 SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -105,15 +104,13 @@ def check_config(hf: dict, cfg: Any) -> None:
 
 def _hf_name(path: tuple) -> str:
     """HF tensor name of the param at NNX state `path` (e.g. ('layers', 0, 'attn', 'q_proj', 'kernel'))."""
-    top = {("embed", "embedding"): "model.embed_tokens.weight", ("norm", "weight"): "model.norm.weight",
-           ("lm_head", "kernel"): "lm_head.weight"}
     if path[0] != "layers":
-        return top[path]
-    rest = {("attn_norm", "weight"): "input_layernorm.weight",
-            ("mlp_norm", "weight"): "post_attention_layernorm.weight"}.get(path[2:])
-    if rest is None:
-        rest = f"{'self_attn' if path[2] == 'attn' else 'mlp'}.{path[3]}.weight"
-    return f"model.layers.{path[1]}.{rest}"
+        return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
+                "lm_head": "lm_head.weight"}[path[0]]
+    i, part = path[1], path[2]
+    if part in ("attn_norm", "mlp_norm"):
+        return f"model.layers.{i}.{'input' if part == 'attn_norm' else 'post_attention'}_layernorm.weight"
+    return f"model.layers.{i}.{'self_attn' if part == 'attn' else 'mlp'}.{path[3]}.weight"
 
 
 def _params(model: nnx.Module) -> dict[str, tuple[nnx.Variable, bool]]:
@@ -165,21 +162,24 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
                    if not n.endswith("rotary_emb.inv_freq") and not (n == "lm_head.weight" and cfg.tie_embeddings))
     if extra:
         raise ConfigError(f"the checkpoint in {root!r} has tensors this Llama has no place for: {extra}.")
+    by_file: dict[str, list[str]] = {}
+    for name in params:
+        by_file.setdefault(files[name], []).append(name)
     bad = []
-    for name, (var, transpose) in params.items():
-        with safe_open(files[name], framework="numpy") as f:
-            got = tuple(f.get_slice(name).get_shape())
-        want = var.get_value().shape[::-1] if transpose else var.get_value().shape
-        if got != tuple(want):
-            bad.append(f"{name}: expected {tuple(want)}, got {got}")
+    for file, names in by_file.items():
+        with safe_open(file, framework="numpy") as f:
+            for name in names:
+                shape = tuple(params[name][0].get_value().shape)
+                want, got = shape[::-1] if params[name][1] else shape, tuple(f.get_slice(name).get_shape())
+                if got != want:
+                    bad.append(f"{name}: expected {want}, got {got}")
     if bad:
         raise ConfigError(f"wrong tensor shapes in the checkpoint in {root!r}: {'; '.join(bad)}.")
-    for file in sorted(set(files[n] for n in params)):
-        with safe_open(file, framework="numpy") as f:  # bf16 arrives as an ml_dtypes array
-            for name in (n for n in params if files[n] == file):
+    for file, names in by_file.items():
+        with safe_open(file, framework="numpy") as f:  # bf16 comes as ml_dtypes.bfloat16
+            for name in names:
                 var, transpose = params[name]
-                old = var.get_value()
-                arr = f.get_tensor(name)
+                old, arr = var.get_value(), f.get_tensor(name)
                 arr = (arr.T if transpose else arr).astype(old.dtype)
                 var.set_value(jax.make_array_from_callback(arr.shape, _sharding(old), lambda i: arr[i]))
 

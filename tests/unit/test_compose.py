@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 import pytest
+
+from stack.errors import ConfigError
 from omegaconf import OmegaConf
 
 from stack.schema import GROUPS, recipe_files
@@ -26,9 +28,17 @@ def test_all_nine_groups_have_options():
         assert any(g == group for g, _ in OPTIONS), f"group {group} has no option"
 
 
+# options with a key the user must set (the error names it)
+REQUIRED = {("checkpoint", "persistent"): "checkpoint.path", ("checkpoint", "multi_tier"): "checkpoint.persistent.path"}
+
+
 @pytest.mark.parametrize("group,option", OPTIONS)
 def test_every_option_composes_typed_and_valid(group, option):
-    cfg = make_cfg([f"{group}={option}"])
+    required = REQUIRED.get((group, option))
+    if required:
+        with pytest.raises(ConfigError, match=f"'{required}' is required"):
+            validate(make_cfg([f"{group}={option}"]))
+    cfg = make_cfg([f"{group}={option}"] + ([f"{required}=/tmp/durable"] if required else []))
     node = cfg[group]
     assert node.name == option
     assert OmegaConf.get_type(node).__name__.endswith("Config"), "the option is not typed by its schema"

@@ -2,17 +2,19 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors.numpy import load_file, save_file
 
 transformers = pytest.importorskip("transformers", reason="HF interop tests need transformers")
 torch = pytest.importorskip("torch", reason="HF interop tests need torch (CPU)")
 
+from safetensors.numpy import load_file, save_file  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
 from stack.models.hf import check_config, export_hf, hf_config_to_model, load_hf_weights  # noqa: E402
 from stack.models.llama import abstract_model  # noqa: E402
@@ -24,11 +26,11 @@ SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_f
 forward = nnx.jit(lambda model, tokens: model(tokens))
 
 
-def hf_model(tie: bool = False, rope_scaling: dict | None = None, n_layers: int = 2):
+def hf_model(tie: bool = False, rope_scaling: dict | None = None):
     """A tiny random fp32 LlamaForCausalLM (GQA) whose every weight, norms included, is O(1)."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
+        vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=80, max_position_embeddings=256, rms_norm_eps=1e-5,
         rope_theta=10000.0, rope_scaling=dict(rope_scaling) if rope_scaling else None,  # it edits the dict
         tie_word_embeddings=tie)
@@ -81,12 +83,53 @@ def test_load_matches_transformers(case, tmp_path):
         assert max_diff(plain, hf, ids) > 1e-2
 
 
+MESH_WORKER = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from stack.models.hf import load_hf_weights
+from stack.models.llama import abstract_model, init_model
+from stack.schema.model import ModelConfig
+cfg = ModelConfig(**json.loads(sys.argv[2]))
+mesh = jax.make_mesh((2, 2), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+rules = (("vocab", None), ("embed", "fsdp"), ("heads", "tensor"), ("kv_heads", "tensor"),
+         ("head_dim", None), ("mlp", "tensor"), ("norm", None))
+out = []
+with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    for model in (init_model(cfg, 0), abstract_model(cfg)):
+        specs = lambda: [str(v.get_value().sharding.spec) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+        before = specs()
+        load_hf_weights(model, cfg, sys.argv[1])
+        assert specs() == before and "P('fsdp', 'tensor')" in before, (before, specs())
+        out.append(np.asarray(nnx.jit(lambda m, t: m(t))(model, jnp.asarray(json.loads(sys.argv[3])))).tolist())
+print(json.dumps(out))
+"""
+
+
+def test_load_keeps_mesh_sharding(tmp_path):
+    """On a 2x2 CPU mesh, into an initialised and an abstract model: same layout, HF's logits."""
+    hf = hf_model()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    cfg, ids = our_cfg(), tokens()[:, :8]
+    fields = {k: getattr(cfg, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                                           "d_ff", "max_seq_len", "norm_eps")}
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", MESH_WORKER, str(tmp_path), json.dumps(fields),
+                           json.dumps(ids.tolist())], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for logits in json.loads(proc.stdout.splitlines()[-1]):
+        assert np.abs(np.asarray(logits) - hf_logits(hf, ids)).max() < 1e-4
+
+
 def randomized(cfg, seed: int = 0):
     """Our model with O(1) random weights (norms around 1)."""
     model = abstract_model(cfg)
     rng = np.random.default_rng(seed)
-    draw = lambda x: jnp.asarray(1 + 0.3 * rng.normal(size=x.shape) if x.ndim == 1
-                                 else rng.normal(size=x.shape) / np.sqrt(x.shape[0]), x.dtype)
+
+    def draw(x):
+        w = 1 + 0.3 * rng.normal(size=x.shape) if x.ndim == 1 else rng.normal(size=x.shape) / np.sqrt(x.shape[0])
+        return jnp.asarray(w, x.dtype)
+
     nnx.update(model, jax.tree.map(draw, nnx.state(model, nnx.Param)))
     return model
 
@@ -176,5 +219,6 @@ def test_missing_tensor(saved):
 def test_wrong_shape(saved):
     edit_tensors(saved, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.zeros((8, 32), np.float32)}))
     cfg = our_cfg()
-    with pytest.raises(ConfigError, match=r"model.layers.0.self_attn.k_proj.weight: expected \(16, 32\), got \(8, 32\)"):
+    want = r"model.layers.0.self_attn.k_proj.weight: expected \(16, 32\), got \(8, 32\)"
+    with pytest.raises(ConfigError, match=want):
         load_hf_weights(abstract_model(cfg), cfg, str(saved))

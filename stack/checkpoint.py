@@ -1,0 +1,210 @@
+"""Orbax checkpoint tiers and resume.
+
+One checkpoint step holds everything a resume needs: `state` (params + optimizer state, as
+sharded in training), `data` (the Grain iterator state before the next batch was read) and
+`meta` (step, RNG key data, the unresolved config, the wandb run id). Saves are async (the
+step waits only for the device-to-host copy); Orbax finalises a step atomically, so a step
+killed mid-save is never listed. Restore tries the newest step across all tiers and falls
+back to older ones with a warning when a step cannot be read; it never restarts from
+scratch while checkpoints exist.
+"""
+
+import glob
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from omegaconf import DictConfig, OmegaConf
+
+from stack.errors import ConfigError
+
+# Config keys whose change would make a resumed run compute something else; the rest
+# (trainer.steps, logging, eval, checkpoint cadence, mesh, data loading threads) may change.
+FIXED_KEYS = ("model", "algorithm", "optimizer", "quantization", "data", "seed", "trainer.grad_accum")
+FREE_DATA_KEYS = ("workers", "read_threads", "prefetch")
+FREE_KEYS = ("optimizer.schedule.total_steps",)  # follows trainer.steps
+
+
+@dataclass
+class Tier:
+    name: str
+    path: str
+    every: int
+    manager: ocp.CheckpointManager
+
+
+@dataclass
+class Restored:
+    step: int
+    state: Any  # {"params": ..., "opt_state": ...} laid out like the abstract target
+    data: dict[str, Any]  # the data iterator state
+    meta: dict[str, Any]
+    where: str
+
+
+def _manager(path: str, keep: int, async_save: bool) -> ocp.CheckpointManager:
+    for tmp in glob.glob(os.path.join(path, "*.orbax-checkpoint-tmp*")):  # a save killed mid-way
+        if jax.process_index() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+    return ocp.CheckpointManager(os.path.abspath(path) if "://" not in path else path, options=options)
+
+
+def math_config(cfg: DictConfig) -> dict[str, Any]:
+    """The keys of `cfg` that a resume must not change (unresolved: `${trainer.steps}` stays)."""
+    out = {}
+    for key in FIXED_KEYS:
+        node = OmegaConf.select(cfg, key)
+        out[key] = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
+    for key in FREE_DATA_KEYS:
+        out["data"].pop(key, None)
+    for key in FREE_KEYS:
+        group, _, rest = key.partition(".")
+        node = out.get(group)
+        *parents, leaf = rest.split(".")
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def config_diff(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: saved -> now` for every leaf that differs."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        return [line for k in sorted(set(saved) | set(now))
+                for line in config_diff(saved.get(k), now.get(k), f"{prefix}{k}.")]
+    return [] if saved == now else [f"{prefix.rstrip('.')}: {saved!r} -> {now!r}"]
+
+
+class Checkpointer:
+    """The tiers of the `checkpoint` group for one run."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str):
+        c = cfg.checkpoint
+        self.cfg, self.resume = cfg, c.resume
+        self.tiers: list[Tier] = []
+        if c.name != "none":
+            path = c.path or os.path.join(run_dir, "checkpoints")
+            self.tiers.append(Tier(c.name, path, c.every, _manager(path, c.keep, c.async_save)))
+            if c.persistent is not None and c.persistent.path:
+                p = c.persistent
+                self.tiers.append(Tier("persistent", p.path, p.every, _manager(p.path, p.keep, c.async_save)))
+
+    def due(self, step: int) -> list[Tier]:
+        return [t for t in self.tiers if t.every and step % t.every == 0]
+
+    def save(self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any],
+             tiers: list[Tier] | None = None, block: bool = False) -> None:
+        """Save to `tiers` (default: all); async unless `block`."""
+        meta = {**meta, "step": step, "config": math_config(self.cfg)}
+        for tier in self.tiers if tiers is None else tiers:
+            if step in tier.manager.all_steps():
+                continue  # e.g. the final step that was also a cadence step
+            tier.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta)))
+            if block:
+                tier.manager.wait_until_finished()
+
+    def _sources(self) -> list[tuple[str, ocp.CheckpointManager]]:
+        if self.resume == "never":
+            for tier in self.tiers:
+                if tier.manager.all_steps():
+                    raise ConfigError(
+                        f"'checkpoint.resume'=never but {tier.path} already holds steps "
+                        f"{tier.manager.all_steps()}; use a new run dir or checkpoint.path, or resume=auto."
+                    )
+            return []
+        if self.resume == "auto":
+            return [(t.path, t.manager) for t in self.tiers]
+        if not os.path.isdir(self.resume) and "://" not in self.resume:
+            raise ConfigError(f"'checkpoint.resume'={self.resume!r}: no such checkpoint directory "
+                              "(use auto, never, or the checkpoints dir of a run).")
+        return [(self.resume, _manager(self.resume, 1, False))]
+
+    def _candidates(self) -> list[tuple[int, str, ocp.CheckpointManager]]:
+        """(step, path, manager) of every complete step across the sources, newest first."""
+        found = [(step, path, m) for path, m in self._sources() for step in m.all_steps()]
+        return sorted(found, key=lambda c: c[0], reverse=True)
+
+    def restore(self, abstract_state: Any) -> Restored | None:
+        """The newest readable step across the tiers (None: nothing to resume from)."""
+        errors = []
+        for step, path, manager in self._candidates():
+            try:
+                meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+                self._check_config(meta, f"{path}/{step}")  # a changed config is an error, not a bad step
+                r = manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
+                    meta=ocp.args.JsonRestore()))
+            except ConfigError:
+                raise
+            except Exception as exc:  # a truncated or deleted file: try the previous step
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                warnings.warn(f"checkpoint step {step} in {path} cannot be restored ({reason}); "
+                              "trying the previous one", RuntimeWarning, stacklevel=2)
+                errors.append(f"step {step} in {path}: {reason}")
+                continue
+            return Restored(step, r.state, r.data, r.meta, f"{path}/{step}")
+        if errors:
+            raise ConfigError(
+                f"Checkpoints exist but none can be restored ({'; '.join(errors)}). Not restarting from "
+                "scratch: delete the broken steps or set checkpoint.resume=never with a new run dir."
+            )
+        return None
+
+    def _check_config(self, meta: dict[str, Any], where: str) -> None:
+        diff = config_diff(meta.get("config", {}), math_config(self.cfg))
+        if diff:
+            raise ConfigError(
+                f"The config differs from the one checkpoint {where} was trained with, in keys that "
+                f"change the math: {'; '.join(diff)}. Restore those values to resume, or start a new "
+                "run dir (trainer.steps, logging, eval and checkpoint cadence may change)."
+            )
+
+    def latest_meta(self) -> dict[str, Any] | None:
+        """The `meta` of the newest readable step (read before the loggers: it holds the wandb id)."""
+        for step, _, manager in self._candidates():
+            try:
+                return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+            except Exception:
+                continue
+        return None
+
+    def close(self) -> None:
+        """Wait for pending async saves, then release the managers."""
+        for tier in self.tiers:
+            tier.manager.wait_until_finished()
+            tier.manager.close()
+
+
+def load_params(model: Any, path: str, step: int | None = None) -> int:
+    """Overwrite `model`'s params with those of a checkpoints dir (newest step, or `step`).
+
+    Reads the arrays without a target (any mesh wrote them) and lays each out like the
+    model's own param. Returns the step read.
+    """
+    from flax import nnx
+
+    manager = ocp.CheckpointManager(os.path.abspath(path))
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise ConfigError(f"{path!r} holds no complete checkpoint step.")
+    saved = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
+    for keys, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        node = saved
+        for k in (*map(str, keys), "value"):
+            if not isinstance(node, dict) or k not in node:
+                raise ConfigError(f"Checkpoint {path}/{step} has no param {'.'.join(map(str, keys))}: "
+                                  "it was written for another model.")
+            node = node[k]
+        if tuple(node.shape) != tuple(var.value.shape):
+            raise ConfigError(f"Checkpoint {path}/{step}: param {'.'.join(map(str, keys))} has shape "
+                              f"{tuple(node.shape)}, the model expects {tuple(var.value.shape)}.")
+        var.value = jax.device_put(node.astype(var.value.dtype), var.value.sharding)
+    manager.close()
+    return step

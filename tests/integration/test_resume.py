@@ -1,0 +1,129 @@
+"""Checkpoints and resume with real Orbax checkpoints and real processes: SIGKILL at an
+arbitrary step, SIGTERM preemption, a corrupt newest step, a config that changed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from stack.logging.wandb_reader import read_offline_run
+from tests.conftest import run_cli
+
+ARGS = ["+recipe=llama_sft", "checkpoint=local", "checkpoint.every=7", "checkpoint.keep=3", "trainer.steps=30",
+        "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "data.batch_size=8"]
+
+
+def losses(run_dir) -> dict[int, float]:
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r["step"] for r in rows if "train/loss" in r]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def start(args, cwd) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    return subprocess.Popen([sys.executable, "-m", "stack", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(run_dir, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if os.path.exists(path) and any(json.loads(line)["step"] >= step for line in open(path) if line.strip()):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step} not reached")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run's per-step losses."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    res = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], cwd=str(run_dir))
+    assert res.returncode == 0, res.stderr
+    return losses(run_dir)
+
+
+def test_sigkill_then_rerun_gives_the_uninterrupted_losses(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = start(ARGS + ["logger=wandb", f"run_dir={run_dir}"], str(tmp_path))
+    wait_for_step(run_dir, 17, proc)
+    proc.kill()  # SIGKILL: no handler runs, an async save may be cut short
+    proc.wait()
+    assert len(losses(run_dir)) < 30
+    res = run_cli(ARGS + ["logger=wandb", f"run_dir={run_dir}"], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "resumed from" in res.stdout and "(resumed after step" in res.stdout
+    assert losses(run_dir) == reference  # exactly, step by step
+    runs = sorted(os.listdir(run_dir / "wandb"))
+    ids = {d.rsplit("-", 1)[-1] for d in runs if d.startswith("offline-run-")}
+    assert len(ids) == 1, runs  # the wandb run continues under the same id
+    assert read_offline_run(str(run_dir / "wandb" / runs[-1]))["summary"]
+
+
+def test_sigterm_saves_exits_zero_and_resumes(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = start(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], str(tmp_path))
+    wait_for_step(run_dir, 10, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    stopped = max(losses(run_dir))
+    assert f"preempted by signal {int(signal.SIGTERM)} after step {stopped}" in out
+    assert stopped < 30 and str(stopped) in os.listdir(run_dir / "checkpoints")
+    res = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert f"resumed after step {stopped}" in res.stdout
+    assert losses(run_dir) == reference
+
+
+def test_corrupt_newest_step_is_skipped_and_config_changes_are_refused(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    assert run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path)).returncode == 0
+    assert sorted(os.listdir(run_dir / "checkpoints"), key=int) == ["21", "28", "30"]  # keep=3, final save
+    changed = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}", "model.d_ff=96", "optimizer.lr=0.01"],
+                      cwd=str(tmp_path))
+    assert changed.returncode == 2
+    assert "model.d_ff: 176 -> 96" in changed.stderr and "optimizer.lr: 0.003 -> 0.01" in changed.stderr
+    for root, _, files in os.walk(run_dir / "checkpoints" / "30" / "state"):
+        for name in files:
+            if "ocdbt.process_0" in root and name != "manifest.ocdbt":
+                open(os.path.join(root, name), "r+b").truncate(10)  # the newest step's arrays
+    res = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "checkpoint step 30 in" in res.stderr and "cannot be restored" in res.stderr
+    assert "resumed after step 28" in res.stdout
+    assert losses(run_dir) == reference
+    for step in os.listdir(run_dir / "checkpoints"):  # now break every step: no silent restart
+        for root, _, files in os.walk(run_dir / "checkpoints" / step / "state"):
+            for name in files:
+                if "ocdbt.process_0" in root and name != "manifest.ocdbt":
+                    os.remove(os.path.join(root, name))
+    res = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}", "trainer.steps=40"], cwd=str(tmp_path))
+    assert res.returncode == 2 and "none can be restored" in res.stderr and "Not restarting from scratch" in res.stderr
+
+
+def test_nonfinite_loss_stops_without_saving_it(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_cli(["+recipe=llama_sft", "checkpoint=local", "checkpoint.every=2", "trainer.steps=40",
+                   "trainer.log_every=40", "optimizer.lr=1e6", "optimizer.clip_norm=1e9", "data.batch_size=8",
+                   "logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path))
+    assert res.returncode != 0 and "non-finite" in res.stderr
+    manager = ocp.CheckpointManager(str(run_dir / "checkpoints"))
+    for step in manager.all_steps():
+        state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state
+        assert all(np.isfinite(np.asarray(x)).all() for x in _leaves(state)), step
+
+
+def _leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
