@@ -4,7 +4,8 @@
 
 Both save the same state (the loop's {"params", "opt_state"} plus the JSON data/meta items)
 through `stack.checkpoint.Checkpointer`; the async time is what `save()` takes before it
-returns (the device-to-host copy), the sync time is the whole write. Goal: ratio <= 0.05.
+returns (the device-to-host copy), the sync time is the whole write, both after a first save
+of the same manager (what a training run sees from its second save on). Goal: ratio <= 0.05.
 Restore is the time to read the newest step back into the live shardings.
 """
 
@@ -23,28 +24,35 @@ from stack.models.llama import init_model
 MODEL = ["model.d_model=512", "model.n_layers=3", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1408"]
 
 
-def main(trials: int = 3) -> None:
+def save_times(cfg, state, async_save: bool, saves: int) -> tuple[list[float], Checkpointer]:
+    """Seconds each `save()` call took, after a first (warm-up) save of the same manager."""
+    cfg.checkpoint.async_save = async_save
+    ckpt = Checkpointer(cfg, tempfile.mkdtemp())
+    times = []
+    for step in range(saves + 1):
+        start = time.perf_counter()
+        ckpt.save(step, state, {"next_index": 0}, {})
+        times.append(time.perf_counter() - start)
+        ckpt.tiers[0].manager.wait_until_finished()  # the loop saves every N steps, not back to back
+    return times[1:], ckpt
+
+
+def main(saves: int = 5) -> None:
     with initialize_config_module("stack.conf", version_base=None):
-        cfg = compose("config", overrides=[*MODEL, "checkpoint=local", "checkpoint.keep=1"])
+        cfg = compose("config", overrides=[*MODEL, "checkpoint=local", "checkpoint.keep=2"])
     _, params, _ = nnx.split(init_model(cfg.model, 0), nnx.Param, ...)
     state = {"params": params, "opt_state": optax.adamw(1e-3).init(params)}
     mb = sum(x.nbytes for x in jax.tree.leaves(state)) / 2**20
-    blocked, full, restore = [], [], []
-    for trial in range(trials):
-        for async_save, times in ((True, blocked), (False, full)):
-            cfg.checkpoint.async_save = async_save
-            ckpt = Checkpointer(cfg, tempfile.mkdtemp())
-            start = time.perf_counter()
-            ckpt.save(1, state, {"next_index": 0}, {})
-            times.append(time.perf_counter() - start)
-            ckpt.close()
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-        start = time.perf_counter()
-        jax.block_until_ready(ckpt.restore(abstract).state)
-        restore.append(time.perf_counter() - start)
+    blocked, _ = save_times(cfg, state, True, saves)
+    full, ckpt = save_times(cfg, state, False, saves)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    start = time.perf_counter()
+    jax.block_until_ready(ckpt.restore(abstract).state)
+    restore = time.perf_counter() - start
     a, s = statistics.median(blocked), statistics.median(full)
-    print(f"state {mb:.0f} MB, {trials} trials (medians): async save blocks {a * 1e3:.0f} ms, "
-          f"sync save {s * 1e3:.0f} ms -> ratio {a / s:.3f} (goal <= 0.05); restore {statistics.median(restore) * 1e3:.0f} ms")
+    print(f"state {mb:.0f} MB, {saves} saves each (medians, after a warm-up save): async save blocks "
+          f"{a * 1e3:.0f} ms, sync save {s * 1e3:.0f} ms -> ratio {a / s:.3f} (goal <= 0.05); "
+          f"restore {restore * 1e3:.0f} ms")
 
 
 if __name__ == "__main__":

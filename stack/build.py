@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from stack.algorithms.base import Algorithm
-from stack.checkpoint import Checkpointer
+from stack.checkpoint import Checkpointer, load_params
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import Tokenizer, make_tokenizer
 from stack.errors import ConfigError
@@ -84,17 +84,18 @@ def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | Non
 
 
 def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:
-    """The model to train: random (`seed`), or `model.init_from=hf:DIR` (a local HF Llama)."""
+    """The model to train: random (`seed`), `model.init_from=hf:DIR` (a local HF Llama), or
+    `model.init_from=RUN/checkpoints` (the params of another run's newest step)."""
     source = cfg.model.init_from
     if abstract or (source and source.startswith("hf:")):
         model = abstract_model(cfg.model)
         if not abstract:
             load_hf_weights(model, cfg.model, source)  # config.json shapes checked first
         return model
+    model = init_model(cfg.model, cfg.seed)
     if source:
-        raise ConfigError(f"'model.init_from'={source!r}: only hf:DIR (a local Hugging Face Llama) is "
-                          "supported so far; starting from a stack checkpoint is not implemented yet.")
-    return init_model(cfg.model, cfg.seed)
+        load_params(model, source)
+    return model
 
 
 def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | None = None,

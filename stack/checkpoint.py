@@ -190,7 +190,9 @@ def load_params(model: Any, path: str, step: int | None = None) -> int:
     """
     from flax import nnx
 
-    manager = ocp.CheckpointManager(os.path.abspath(path))
+    if not os.path.isdir(path) and "://" not in path:
+        raise ConfigError(f"{path!r}: no such checkpoints dir (expected a run's checkpoints/ folder).")
+    manager = ocp.CheckpointManager(os.path.abspath(path) if "://" not in path else path)
     step = manager.latest_step() if step is None else step
     if step is None:
         raise ConfigError(f"{path!r} holds no complete checkpoint step.")

@@ -54,6 +54,8 @@ def validate(cfg: DictConfig) -> None:
         )
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
+    if cfg.algorithm.name == "dpo":
+        _check_dpo(cfg.algorithm)
     check_targets(cfg, tuple(cfg.allow_targets))
 
 
@@ -80,6 +82,17 @@ def _check_data(d: DictConfig) -> None:
     for key in ("workers", "read_threads", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"'data.{key}'={d[key]} must be >= 0.")
+
+
+def _check_dpo(a: DictConfig) -> None:
+    if a.loss_type not in ("sigmoid", "hinge", "ipo", "robust"):
+        raise bad_choice("algorithm.loss_type", a.loss_type, ("sigmoid", "hinge", "ipo", "robust"))
+    if not a.beta > 0:
+        raise ConfigError(f"'algorithm.beta'={a.beta} must be > 0.")
+    if not 0.0 <= a.label_smoothing < 0.5:
+        raise ConfigError(f"'algorithm.label_smoothing'={a.label_smoothing} must be in [0, 0.5).")
+    if a.label_smoothing and a.loss_type not in ("sigmoid", "robust"):
+        raise ConfigError(f"'algorithm.label_smoothing' applies to loss_type sigmoid or robust, not {a.loss_type!r}.")
 
 
 def _check_checkpoint(c: DictConfig) -> None:

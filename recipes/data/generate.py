@@ -1,11 +1,15 @@
 """Regenerate the shipped sample data: `python recipes/data/generate.py` (deterministic).
 
-All files hold the synthetic arithmetic task ("a+b=" -> "a+b"); eval problems never appear in
-training. Half of each file's records use the plain format, half the chat format.
-- sft_{train,eval}.jsonl, sft_train.parquet: {"prompt","completion"} / {"messages": [...]}
-- prefs_{train,eval}.jsonl: {"prompt","chosen","rejected"}: the right sum vs a wrong one
-  (off by 1-10, or the sum's digits reversed); chat records use TRL's conversational format
-- prompts_{train,eval}.jsonl: {"prompt","answer"} for verifiable-reward RL
+Eval records never appear in training. Half of each file's records use the plain format,
+half the chat format.
+- sft_{train,eval}.jsonl, sft_train.parquet: the arithmetic task ("a+b=" -> "a+b") as
+  {"prompt","completion"} / {"messages": [...]}
+- prompts_{train,eval}.jsonl: the arithmetic task as {"prompt","answer"} for verifiable-reward RL
+- prefs_{train,eval}.jsonl: the copy task ("copy xkqz=" -> "xkqz") as {"prompt","chosen",
+  "rejected"}: the exact copy vs one with a letter changed; chat records use TRL's
+  conversational format. (Copying is learnable by a tiny model in a few hundred steps, so
+  the DPO recipe shows preference learning on CPU; ranking right vs wrong sums needs the
+  model to have learned addition first, which takes it thousands of steps.)
 """
 
 import json
@@ -17,6 +21,8 @@ from stack.data.sources import arithmetic_problems
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEM = {"role": "system", "content": "Add the numbers."}
+SYSTEM_COPY = {"role": "system", "content": "Copy the word."}
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def sft(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dict:
@@ -26,19 +32,28 @@ def sft(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dict:
                          {"role": "assistant", "content": problem["completion"]}]}
 
 
-def wrong_answer(right: str, rng: np.random.Generator) -> str:
-    if len(right) > 1 and right[::-1] != right and rng.random() < 0.3:
-        return right[::-1]
-    return str(max(0, int(right) + int(rng.choice([-1, 1])) * int(rng.integers(1, 11))) or int(right) + 1)
+def copy_pair(rng: np.random.Generator) -> tuple[str, str, str]:
+    """(prompt, right copy, copy with one letter changed) of a random 3-6 letter word."""
+    word = "".join(rng.choice(list(LETTERS), size=int(rng.integers(3, 7))))
+    i = int(rng.integers(len(word)))
+    wrong = word[:i] + rng.choice([c for c in LETTERS if c != word[i]]) + word[i + 1:]
+    return f"copy {word}=", word, wrong
 
 
-def preference(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dict:
-    right, wrong = problem["completion"], wrong_answer(problem["completion"], rng)
-    if not chat:
-        return {"prompt": problem["prompt"], "chosen": right, "rejected": wrong}
-    return {"prompt": [SYSTEM, {"role": "user", "content": problem["prompt"]}],
-            "chosen": [{"role": "assistant", "content": right}],
-            "rejected": [{"role": "assistant", "content": wrong}]}
+def preferences(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    out: list[dict] = []
+    while len(out) < n:
+        prompt, right, wrong = copy_pair(rng)
+        if prompt in exclude:
+            continue
+        if len(out) % 2 == 0:
+            out.append({"prompt": prompt, "chosen": right, "rejected": wrong})
+        else:
+            out.append({"prompt": [SYSTEM_COPY, {"role": "user", "content": prompt}],
+                        "chosen": [{"role": "assistant", "content": right}],
+                        "rejected": [{"role": "assistant", "content": wrong}]})
+    return out
 
 
 def prompt(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dict:
@@ -70,7 +85,9 @@ if __name__ == "__main__":
     write_jsonl("sft_train.jsonl", records(sft, "train", 4000, seed=0))
     write_jsonl("sft_eval.jsonl", records(sft, "eval", 400, seed=1))
     write_parquet("sft_train.parquet", records(lambda p, chat, rng: p, "train", 4000, seed=0))
-    write_jsonl("prefs_train.jsonl", records(preference, "train", 2000, seed=2))
-    write_jsonl("prefs_eval.jsonl", records(preference, "eval", 200, seed=3))
+    evals = preferences(200, seed=3)
+    write_jsonl("prefs_eval.jsonl", evals)
+    held_out = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in evals}
+    write_jsonl("prefs_train.jsonl", preferences(2000, seed=2, exclude=held_out))
     write_jsonl("prompts_train.jsonl", records(prompt, "train", 1000, seed=4))
     write_jsonl("prompts_eval.jsonl", records(prompt, "eval", 100, seed=5))

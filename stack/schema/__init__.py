@@ -11,7 +11,7 @@ from importlib.resources import files
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from stack.schema.algorithm import AlgorithmConfig, SFTConfig
+from stack.schema.algorithm import AlgorithmConfig, DPOConfig, SFTConfig
 from stack.schema.checkpoint import CheckpointConfig, TierConfig
 from stack.schema.data import DataConfig
 from stack.schema.hardware import HardwareConfig
@@ -80,6 +80,7 @@ def register() -> None:
         if group != "algorithm":
             cs.store(group="schema", name=group, node=node)
     cs.store(group="schema/algorithm", name="sft", node=SFTConfig)
+    cs.store(group="schema/algorithm", name="dpo", node=DPOConfig)
 
 
 register()
@@ -87,6 +88,6 @@ register()
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "Config", "DataConfig", "GROUPS", "GROUP_SCHEMAS",
     "HardwareConfig", "LoggerConfig", "MeshConfig", "ModelConfig", "OptimizerConfig",
-    "QuantizationConfig", "RopeScalingConfig", "SFTConfig", "TierConfig", "TrainerConfig", "register",
+    "QuantizationConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "TierConfig", "TrainerConfig", "register",
     "mesh_axis_size", "recipe_files", "shipped_data", "topology_chips",
 ]

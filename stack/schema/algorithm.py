@@ -1,6 +1,7 @@
 """Schemas of the `algorithm` group: one dataclass per algorithm, chosen by the option."""
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -15,3 +16,14 @@ class SFTConfig(AlgorithmConfig):
     _target_: str = "stack.algorithms.sft.SFT"
     # "mean": average over completion tokens of the batch; "sum": plain sum.
     loss_reduction: str = "mean"
+
+
+@dataclass
+class DPOConfig(AlgorithmConfig):
+    name: str = "dpo"
+    _target_: str = "stack.algorithms.dpo.DPO"
+    beta: float = 0.1
+    loss_type: str = "sigmoid"  # sigmoid | hinge | ipo | robust (stack/algorithms/dpo.py)
+    label_smoothing: float = 0.0  # sigmoid (cDPO) and robust; 0 <= eps < 0.5
+    sft_weight: float = 0.0  # + weight x NLL of the chosen completions (TRL's rpo_alpha)
+    reference_init_from: Optional[str] = None  # None: the reference is the initial policy

@@ -33,4 +33,4 @@ class ModelConfig:
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"
     init_std: float = 0.02
-    init_from: Optional[str] = None  # a checkpoint or hf:DIR to start from (checkpoint issue)
+    init_from: Optional[str] = None  # hf:DIR (a local HF Llama) or a run's checkpoints dir

@@ -132,3 +132,14 @@ def test_llama3_8b_on_v5e_2x4(capsys):
     assert 11.2 < gib(out, "per device: arguments") < 11.5, out
     assert 12 < gib(out, "per device total:") < 16, out
     assert code == 0, out
+
+
+def test_dpo_step_compiles_for_cpu(capsys):
+    code, out = compile_cfg(["+recipe=llama_dpo", "hardware=cpu", "mode=compile"], capsys)
+    assert code == 0 and "fits:" in out, out
+
+
+@tpu_extra
+def test_dpo_on_v5e_2x2_fits(capsys):
+    code, out = compile_cfg(["+recipe=llama_dpo", *TINY_V5E], capsys)
+    assert code == 0 and "v5e:2x2" in out and "fits:" in out and "does not fit" not in out, out

@@ -66,3 +66,19 @@ def test_mesh_sizes_that_cannot_fill_the_devices(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "multiply to 3" in out.stderr and "8 devices" in out.stderr
+
+
+DPO_MESHES = [f"algorithm=dpo data=jsonl_prefs data.batch_size=8 {m}" for m in
+              ("mesh=single", "mesh=dp", "mesh=fsdp", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2")]
+
+
+def test_dpo_under_every_mesh_matches_single_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *DPO_MESHES], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = json.loads(out.stdout.strip().splitlines()[-1])["losses"]
+    single = losses[DPO_MESHES[0]]
+    assert single[0] == pytest.approx(0.6931471824645996, abs=1e-6)  # policy == reference at step 1
+    for mesh in DPO_MESHES[1:]:
+        assert losses[mesh] == pytest.approx(single, abs=1e-5), mesh

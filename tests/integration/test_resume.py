@@ -3,6 +3,7 @@ arbitrary step, SIGTERM preemption, a corrupt newest step, a config that changed
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,3 +128,62 @@ def _leaves(tree):
     import jax
 
     return jax.tree.leaves(tree)
+
+
+def test_multi_tier_resumes_from_the_newest_step_across_tiers(tmp_path, reference):
+    run_dir, durable = tmp_path / "run", tmp_path / "durable"
+    args = ARGS + ["logger=jsonl", f"run_dir={run_dir}", "checkpoint=multi_tier", "checkpoint.every=4",
+                   "checkpoint.keep=2", f"checkpoint.persistent.path={durable}", "checkpoint.persistent.every=10"]
+    assert run_cli(args, cwd=str(tmp_path)).returncode == 0
+    local = run_dir / "checkpoints"
+    assert sorted(os.listdir(local), key=int) == ["28", "30"]
+    assert sorted(os.listdir(durable), key=int) == ["10", "20", "30"]
+    for tier in (local, durable):  # as if killed between steps 28 and 30
+        shutil.rmtree(tier / "30")
+    res = run_cli(args, cwd=str(tmp_path))
+    assert res.returncode == 0 and "resumed after step 28" in res.stdout, res.stderr
+    assert losses(run_dir) == reference
+    shutil.rmtree(local)  # the fast local disk is gone (e.g. a new machine): the durable tier remains
+    shutil.rmtree(durable / "30")
+    res = run_cli(args, cwd=str(tmp_path))
+    assert res.returncode == 0 and "resumed after step 20" in res.stdout, res.stderr
+    assert losses(run_dir) == reference
+
+
+def test_restore_onto_another_mesh_from_another_run(tmp_path, reference):
+    """8 devices with fsdp write the checkpoint; 8 devices with dp resume it (resume=PATH)."""
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_cli(ARGS + ["logger=jsonl", "mesh=fsdp", f"run_dir={a}"], cwd=str(tmp_path), env=env).returncode == 0
+    for step in ("28", "30"):
+        shutil.rmtree(a / "checkpoints" / step)
+    res = run_cli(ARGS + ["logger=jsonl", "mesh=dp", f"checkpoint.resume={a}/checkpoints", f"run_dir={b}"],
+                  cwd=str(tmp_path), env=env)
+    assert res.returncode == 0 and "resumed after step 21" in res.stdout, res.stderr
+    got = losses(b)
+    assert sorted(got) == list(range(22, 31))
+    assert [got[s] for s in sorted(got)] == pytest.approx([reference[s] for s in sorted(got)], abs=1e-5)
+
+
+def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
+    from stack.algorithms.dpo import DPO
+    from stack.models.llama import init_model
+    from tests.conftest import make_cfg
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    small = ["+recipe=llama_sft", "trainer.log_every=5", "trainer.eval_every=0", "trainer.eval_batches=2",
+             "logger=jsonl", "data.batch_size=8"]
+    assert run_cli(small + ["trainer.steps=10", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path)).returncode == 0
+    res = run_cli(small + ["trainer.steps=1", f"model.init_from={a}/checkpoints", f"run_dir={b}"], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    final_a = [json.loads(x) for x in open(a / "metrics.jsonl")][-1]["eval/loss"]
+    assert json.loads(open(b / "metrics.jsonl").readline())["eval/loss"] == pytest.approx(final_a, rel=1e-6)
+
+    model = init_model(make_cfg(["algorithm=dpo", "data=jsonl_prefs"]).model, 0)
+    own = np.asarray(model.embed.embedding.value)
+    frozen = DPO(reference_init_from=str(a / "checkpoints")).frozen(model)
+    saved = ocp.CheckpointManager(str(a / "checkpoints")).restore(
+        10, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
+    np.testing.assert_array_equal(np.asarray(frozen["embed"]["embedding"].value), saved["embed"]["embedding"]["value"])
+    assert not np.array_equal(own, saved["embed"]["embedding"]["value"])
+    np.testing.assert_array_equal(np.asarray(model.embed.embedding.value), own)  # the policy is untouched

@@ -1,0 +1,62 @@
+"""DPO step time over SFT step time on the same number of sequences, same process.
+
+    python bench/dpo_step.py                 # tiny and medium
+    python bench/dpo_step.py --sizes tiny
+
+Both run the real loop (`stack.loop.train`) fed one fixed batch: SFT on 2B sequences,
+DPO on B preference pairs (policy forward + backward on chosen and rejected in one pass,
+plus the frozen reference's forward, all in one jitted step). By FLOPs the floor is 1.33
+(a reference forward is ~1/3 of a training step); the goal is <= 1.4.
+"""
+
+import argparse
+import statistics
+import tempfile
+
+import jax
+from hydra import compose, initialize_config_module
+
+from step_overhead import Capture, Fixed  # bench/ is on sys.path when run as a script
+from stack.build import build
+from stack.loop import train
+
+SIZES = {
+    "tiny": ["model=llama_tiny", "data.seq_len=64", "trainer.steps=200"],
+    "medium": ["model.d_model=512", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4",
+               "model.d_ff=1408", "data.seq_len=256", "trainer.steps=10"],
+}
+PAIRS = {"tiny": 16, "medium": 4}
+
+
+def step_seconds(overrides: list[str]) -> float:
+    with initialize_config_module("stack.conf", version_base=None):
+        cfg = compose("config", overrides=overrides + ["logger=jsonl", "trainer.eval_every=0", "trainer.eval_batches=1"])
+    cfg.trainer.log_every = cfg.trainer.steps  # one window: every step after the compiling one
+    exp = build(cfg, tempfile.mkdtemp())
+    exp.train_batches = Fixed(exp.eval_batches[0])
+    exp.sinks = [capture := Capture()]
+    train(exp)
+    return next(r["perf/step_seconds"] for r in capture.rows if "perf/step_seconds" in r)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.trials} alternating trials")
+    for size in args.sizes:
+        b = PAIRS[size]
+        sft_args = SIZES[size] + ["data=jsonl_sft", f"data.batch_size={2 * b}"]
+        dpo_args = SIZES[size] + ["data=jsonl_prefs", "algorithm=dpo", f"data.batch_size={b}"]
+        sft, dpo = [], []
+        for _ in range(args.trials):
+            sft.append(step_seconds(sft_args))
+            dpo.append(step_seconds(dpo_args))
+        s, d = statistics.median(sft), statistics.median(dpo)
+        print(f"{size:7s} SFT {2 * b} sequences {s * 1e3:8.2f} ms/step | DPO {b} pairs {d * 1e3:8.2f} ms/step "
+              f"| ratio {d / s:.3f} (floor 1.33, goal <= 1.4)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""DPO numerics against hand computations, the published formulas (NumPy), and masking."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
+from stack.models.llama import init_model
+from tests.conftest import make_cfg
+
+
+def log_sigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+NUMPY = {  # TRL's formulas, written independently in NumPy
+    "sigmoid": lambda d, b, e: -(1 - e) * log_sigmoid(b * d) - e * log_sigmoid(-b * d),
+    "hinge": lambda d, b, e: np.maximum(0.0, 1 - b * d),
+    "ipo": lambda d, b, e: (d - 1 / (2 * b)) ** 2,
+    "robust": lambda d, b, e: (-(1 - e) * log_sigmoid(b * d) + e * log_sigmoid(-b * d)) / (1 - 2 * e),
+}
+
+
+def test_golden_deltas():
+    """Log-ratio differences [0, 10, 20] with beta 0.1 give -log sigmoid([0, 1, 2])."""
+    zeros = jnp.zeros(3)
+    got = dpo_loss(jnp.array([0.0, 10.0, 20.0]), zeros, zeros, zeros, beta=0.1)
+    want = [-math.log(1 / (1 + math.exp(-x))) for x in (0.0, 1.0, 2.0)]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type,eps", [(t, 0.0) for t in NUMPY] + [("sigmoid", 0.2), ("robust", 0.2)])
+def test_each_loss_type_matches_numpy(loss_type, eps):
+    rng = np.random.default_rng(0)
+    pc, pr, rc, rr = (rng.normal(scale=5.0, size=16) for _ in range(4))
+    got = dpo_loss(*map(jnp.asarray, (pc, pr, rc, rr)), beta=0.3, loss_type=loss_type, label_smoothing=eps)
+    want = NUMPY[loss_type]((pc - pr) - (rc - rr), 0.3, eps)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+class FixedLogits:
+    """A stand-in policy/reference: fixed logits per row, shaped for a folded [2B, T] batch."""
+
+    def __init__(self, logits):
+        self.logits = jnp.asarray(logits)
+
+    def __call__(self, inputs, positions=None, segment_ids=None):
+        return self.logits
+
+
+def pair_batch(b=2, t=6, v=7, seed=0):
+    rng = np.random.default_rng(seed)
+    targets = rng.integers(0, v, size=(b, 2, t)).astype(np.int32)
+    mask = np.zeros((b, 2, t), np.float32)
+    mask[0, 0, 2:5] = 1  # chosen of pair 0: 3 completion tokens
+    mask[0, 1, 2:4] = 1  # rejected of pair 0: 2
+    mask[1, 0, 3:6] = 1
+    mask[1, 1, 1:6] = 1
+    return {"inputs": targets, "targets": targets, "loss_mask": mask}, rng.normal(size=(2 * b, t, v)).astype(np.float32)
+
+
+def hand_logps(logits, batch):
+    """Sum of completion-token log-probs per folded row (float64 by hand)."""
+    flat_t = batch["targets"].reshape(-1, batch["targets"].shape[-1])
+    flat_m = batch["loss_mask"].reshape(flat_t.shape)
+    out = []
+    for row, (lg, tg, m) in enumerate(zip(logits.astype(np.float64), flat_t, flat_m)):
+        logz = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+        out.append(sum((lg[j, tg[j]] - logz[j]) for j in range(len(tg)) if m[j]))
+    return np.array(out)
+
+
+class StandIn(DPO):
+    """DPO whose reference forward returns fixed logits."""
+
+    def __init__(self, ref_logits, **kw):
+        super().__init__(**kw)
+        self.ref_logits = ref_logits
+
+    def reference(self, frozen):
+        return FixedLogits(self.ref_logits)
+
+
+def run_loss(kw: dict, batch, policy_logits, ref_logits):
+    return StandIn(ref_logits, **kw).loss(FixedLogits(policy_logits), jax.tree.map(jnp.asarray, batch), frozen={})
+
+
+def test_sequence_logps_sum_completion_tokens_only():
+    batch, logits = pair_batch()
+    flat = {k: v.reshape(-1, v.shape[-1]) for k, v in batch.items()}
+    got, count = sequence_logps(jnp.asarray(logits), flat["targets"], flat["loss_mask"])
+    np.testing.assert_allclose(np.asarray(got), hand_logps(logits, batch), rtol=1e-5)
+    assert np.asarray(count).tolist() == [3, 2, 3, 5]
+
+
+def test_loss_and_trl_metrics_by_hand():
+    batch, policy = pair_batch(seed=1)
+    _, ref = pair_batch(seed=2)
+    loss, m = run_loss(dict(beta=0.2), batch, policy, ref)
+    p, r = hand_logps(policy, batch), hand_logps(ref, batch)
+    chosen, rejected = 0.2 * (p[0::2] - r[0::2]), 0.2 * (p[1::2] - r[1::2])
+    assert float(loss) == pytest.approx(np.mean(-log_sigmoid(chosen - rejected)), rel=1e-5)
+    assert float(m["rewards/chosen"]) == pytest.approx(chosen.mean(), rel=1e-5)
+    assert float(m["rewards/rejected"]) == pytest.approx(rejected.mean(), rel=1e-5)
+    assert float(m["rewards/margins"]) == pytest.approx((chosen - rejected).mean(), rel=1e-5)
+    assert float(m["rewards/accuracies"]) == np.mean(chosen > rejected)
+    assert float(m["logps/chosen"]) == pytest.approx(p[0::2].mean(), rel=1e-5)
+    assert float(m["logps/rejected"]) == pytest.approx(p[1::2].mean(), rel=1e-5)
+
+
+def test_ipo_normalises_by_completion_length():
+    batch, policy = pair_batch(seed=3)
+    _, ref = pair_batch(seed=4)
+    loss, _ = run_loss(dict(beta=0.5, loss_type="ipo"), batch, policy, ref)
+    n = np.array([3, 2, 3, 5])
+    p, r = hand_logps(policy, batch) / n, hand_logps(ref, batch) / n
+    delta = (p[0::2] - p[1::2]) - (r[0::2] - r[1::2])
+    assert float(loss) == pytest.approx(np.mean((delta - 1 / (2 * 0.5)) ** 2), rel=1e-5)
+
+
+def test_sft_weight_adds_chosen_token_nll():
+    batch, policy = pair_batch(seed=5)
+    _, ref = pair_batch(seed=6)
+    base, _ = run_loss({}, batch, policy, ref)
+    with_sft, _ = run_loss(dict(sft_weight=0.5), batch, policy, ref)
+    p = hand_logps(policy, batch)
+    assert float(with_sft - base) == pytest.approx(0.5 * -p[0::2].sum() / 6, rel=1e-5)  # 3 + 3 tokens
+
+
+def test_masked_tokens_cannot_leak():
+    batch, policy = pair_batch(seed=7)
+    _, ref = pair_batch(seed=8)
+    loss, _ = run_loss({}, batch, policy, ref)
+    m = batch["loss_mask"].reshape(-1, batch["loss_mask"].shape[-1])[..., None] > 0
+    changed = dict(batch, targets=np.where(batch["loss_mask"] > 0, batch["targets"], 0))
+    loss2, _ = run_loss({}, changed, np.where(m, policy, 50.0), np.where(m, ref, -50.0))
+    assert float(loss2) == pytest.approx(float(loss), rel=1e-6)
+
+
+def test_policy_equal_to_reference_gives_ln2_on_a_real_model():
+    cfg = make_cfg(["algorithm=dpo", "data=jsonl_prefs"])
+    model = init_model(cfg.model, 0)
+    dpo = DPO()
+    frozen = dpo.frozen(model)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, 200, size=(4, 2, 16)).astype(np.int32)
+    mask = (rng.random((4, 2, 16)) > 0.5).astype(np.float32)
+    loss, m = dpo.loss(model, {"inputs": tokens, "targets": tokens, "loss_mask": mask}, frozen)
+    assert float(loss) == pytest.approx(0.6931471824645996, abs=1e-6)
+    assert float(m["rewards/accuracies"]) == 0.0 and float(m["rewards/margins"]) == 0.0
