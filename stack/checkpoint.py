@@ -2,7 +2,8 @@
 
 One checkpoint step holds everything a resume needs: `state` (params + optimizer state, as
 sharded in training), `data` (the Grain iterator state before the next batch was read) and
-`meta` (step, RNG key data, the unresolved config, the wandb run id). Saves are async (the
+`meta` (step, RNG key data, the resolved config, the math-relevant keys as composed, the
+wandb run id). Saves are async (the
 step waits only for the device-to-host copy); Orbax finalises a step atomically, so a step
 killed mid-save is never listed. Restore tries the newest step across all tiers and falls
 back to older ones with a warning when a step cannot be read; it never restarts from
@@ -101,7 +102,8 @@ class Checkpointer:
     def save(self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any],
              tiers: list[Tier] | None = None, block: bool = False) -> None:
         """Save to `tiers` (default: all); async unless `block`."""
-        meta = {**meta, "step": step, "config": math_config(self.cfg)}
+        meta = {**meta, "step": step, "config": math_config(self.cfg),
+                "resolved_config": OmegaConf.to_container(self.cfg, resolve=True)}
         for tier in self.tiers if tiers is None else tiers:
             if step in tier.manager.all_steps():
                 continue  # e.g. the final step that was also a cadence step

@@ -70,15 +70,16 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_losses(tmp_path, reference):
     assert read_offline_run(str(run_dir / "wandb" / runs[-1]))["summary"]
 
 
-def test_sigterm_saves_exits_zero_and_resumes(tmp_path, reference):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_preemption_signal_saves_exits_zero_and_resumes(tmp_path, reference, sig):
     run_dir = tmp_path / "run"
     proc = start(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], str(tmp_path))
     wait_for_step(run_dir, 10, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     stopped = max(losses(run_dir))
-    assert f"preempted by signal {int(signal.SIGTERM)} after step {stopped}" in out
+    assert f"preempted by signal {int(sig)} after step {stopped}" in out
     assert stopped < 30 and str(stopped) in os.listdir(run_dir / "checkpoints")
     res = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
@@ -90,6 +91,9 @@ def test_corrupt_newest_step_is_skipped_and_config_changes_are_refused(tmp_path,
     run_dir = tmp_path / "run"
     assert run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path)).returncode == 0
     assert sorted(os.listdir(run_dir / "checkpoints"), key=int) == ["21", "28", "30"]  # keep=3, final save
+    meta = ocp.CheckpointManager(str(run_dir / "checkpoints")).restore(
+        30, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    assert meta["step"] == 30 and meta["resolved_config"]["trainer"]["steps"] == 30 and len(meta["rng"]) == 2
     changed = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}", "model.d_ff=96", "optimizer.lr=0.01"],
                       cwd=str(tmp_path))
     assert changed.returncode == 2
