@@ -29,7 +29,7 @@ from stack.loop import train
 
 def config(overrides: list[str]):
     with initialize_config_module("stack.conf", version_base=None):
-        return compose("config", overrides=["+recipe=llama_sft", *overrides])
+        return compose("config", overrides=["+recipe=llama_sft", "checkpoint=none", *overrides])
 
 
 def examples_per_second(overrides: list[str], batches: int = 300) -> float:

@@ -11,14 +11,10 @@ plus the frozen reference's forward, all in one jitted step). By FLOPs the floor
 
 import argparse
 import statistics
-import tempfile
 
 import jax
-from hydra import compose, initialize_config_module
 
-from step_overhead import Capture, Fixed  # bench/ is on sys.path when run as a script
-from stack.build import build
-from stack.loop import train
+from step_overhead import Fixed, experiment, ours  # bench/ is on sys.path when run as a script
 
 SIZES = {
     "tiny": ["model=llama_tiny", "data.seq_len=64", "trainer.steps=200"],
@@ -29,14 +25,9 @@ PAIRS = {"tiny": 16, "medium": 4}
 
 
 def step_seconds(overrides: list[str]) -> float:
-    with initialize_config_module("stack.conf", version_base=None):
-        cfg = compose("config", overrides=overrides + ["logger=jsonl", "trainer.eval_every=0", "trainer.eval_batches=1"])
-    cfg.trainer.log_every = cfg.trainer.steps  # one window: every step after the compiling one
-    exp = build(cfg, tempfile.mkdtemp())
+    exp = experiment(overrides)
     exp.train_batches = Fixed(exp.eval_batches[0])
-    exp.sinks = [capture := Capture()]
-    train(exp)
-    return next(r["perf/step_seconds"] for r in capture.rows if "perf/step_seconds" in r)
+    return ours(exp)
 
 
 def main() -> None:

@@ -48,7 +48,8 @@ class Restored:
 
 
 def _manager(path: str, keep: int, async_save: bool) -> ocp.CheckpointManager:
-    for tmp in glob.glob(os.path.join(path, "*.orbax-checkpoint-tmp*")):  # a save killed mid-way
+    """The manager of a tier this run writes (a killed save's leftovers are removed first)."""
+    for tmp in glob.glob(os.path.join(path, "*.orbax-checkpoint-tmp*")):
         if jax.process_index() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
@@ -95,6 +96,13 @@ class Checkpointer:
             if c.persistent is not None and c.persistent.path:
                 p = c.persistent
                 self.tiers.append(Tier("persistent", p.path, p.every, _manager(p.path, p.keep, c.async_save)))
+        self._other: ocp.CheckpointManager | None = None  # resume=PATH: another run's dir, read only
+        if self.resume not in ("auto", "never"):
+            if not os.path.isdir(self.resume) and "://" not in self.resume:
+                raise ConfigError(f"'checkpoint.resume'={self.resume!r}: no such checkpoint directory "
+                                  "(use auto, never, or the checkpoints dir of a run).")
+            self._other = ocp.CheckpointManager(os.path.abspath(self.resume) if "://" not in self.resume
+                                                else self.resume, options=ocp.CheckpointManagerOptions(read_only=True))
 
     def due(self, step: int) -> list[Tier]:
         return [t for t in self.tiers if t.every and step % t.every == 0]
@@ -123,10 +131,7 @@ class Checkpointer:
             return []
         if self.resume == "auto":
             return [(t.path, t.manager) for t in self.tiers]
-        if not os.path.isdir(self.resume) and "://" not in self.resume:
-            raise ConfigError(f"'checkpoint.resume'={self.resume!r}: no such checkpoint directory "
-                              "(use auto, never, or the checkpoints dir of a run).")
-        return [(self.resume, _manager(self.resume, 1, False))]
+        return [(self.resume, self._other)]
 
     def _candidates(self) -> list[tuple[int, str, ocp.CheckpointManager]]:
         """(step, path, manager) of every complete step across the sources, newest first."""
@@ -182,6 +187,8 @@ class Checkpointer:
         for tier in self.tiers:
             tier.manager.wait_until_finished()
             tier.manager.close()
+        if self._other is not None:
+            self._other.close()
 
 
 def load_params(model: Any, path: str, step: int | None = None) -> int:

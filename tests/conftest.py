@@ -23,6 +23,18 @@ def run_cli(args: list[str], cwd: str, env: dict | None = None, timeout: int = 3
                           capture_output=True, text=True, timeout=timeout)
 
 
+class FixedLogits:
+    """A stand-in model returning fixed logits, to test a loss in isolation."""
+
+    def __init__(self, logits):
+        import jax.numpy as jnp
+
+        self.logits = jnp.asarray(logits)
+
+    def __call__(self, inputs, positions=None, segment_ids=None):
+        return self.logits
+
+
 @pytest.fixture
 def cfg_factory():
     return make_cfg

@@ -40,3 +40,9 @@ def test_every_recipe_has_expectations_and_a_header():
         assert os.path.exists(os.path.join(REPO, "recipes", "expected", f"{name}.json")), name
         head = text.splitlines()
         assert head[0] == "# @package _global_" and any("python -m stack" in h for h in head[:6]), name
+
+
+@pytest.mark.parametrize("recipe", sorted(recipe_files()))
+def test_recipes_checkpoint_so_a_rerun_resumes(recipe):
+    c = make_cfg([f"+recipe={recipe}"]).checkpoint
+    assert c.name == "local" and c.resume == "auto" and c.every > 0

@@ -9,7 +9,7 @@ import pytest
 
 from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
 from stack.models.llama import init_model
-from tests.conftest import make_cfg
+from tests.conftest import FixedLogits, make_cfg
 
 
 def log_sigmoid(x):
@@ -39,16 +39,6 @@ def test_each_loss_type_matches_numpy(loss_type, eps):
     got = dpo_loss(*map(jnp.asarray, (pc, pr, rc, rr)), beta=0.3, loss_type=loss_type, label_smoothing=eps)
     want = NUMPY[loss_type]((pc - pr) - (rc - rr), 0.3, eps)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
-
-
-class FixedLogits:
-    """A stand-in policy/reference: fixed logits per row, shaped for a folded [2B, T] batch."""
-
-    def __init__(self, logits):
-        self.logits = jnp.asarray(logits)
-
-    def __call__(self, inputs, positions=None, segment_ids=None):
-        return self.logits
 
 
 def pair_batch(b=2, t=6, v=7, seed=0):

@@ -2,7 +2,6 @@
 
 import json
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -10,16 +9,7 @@ from stack.algorithms.sft import SFT
 from stack.data.encode import Encoder
 from stack.data.tokenizers import ByteTokenizer, make_tokenizer
 from stack.errors import ConfigError, DataError
-
-
-class FixedLogits:
-    """A stand-in 'model' returning fixed logits, to test the loss in isolation."""
-
-    def __init__(self, logits):
-        self.logits = jnp.asarray(logits)
-
-    def __call__(self, inputs, positions=None, segment_ids=None):
-        return self.logits
+from tests.conftest import FixedLogits
 
 
 def batch_and_logits(seed=0, b=3, t=7, v=11):
