@@ -46,7 +46,8 @@ class Capture:
 
 
 class Fixed:
-    """One batch forever, as a data iterator (the loop's protocol: get_state, close, epoch)."""
+    """One batch forever, as a data iterator (the loop's protocol: get_state, close, epoch,
+    and for precomputed columns ordered / with_columns)."""
 
     def __init__(self, batch):
         self.batch = batch
@@ -65,6 +66,16 @@ class Fixed:
 
     def epoch(self, state):
         return 0.0
+
+    @property
+    def records(self):
+        return len(self.batch["inputs"])
+
+    def ordered(self):  # the first pass of precomputed columns: the batch's rows are the records
+        yield list(range(self.records)), self.batch
+
+    def with_columns(self, tables):
+        return Fixed({**self.batch, **tables})
 
 
 def experiment(overrides: list[str]):

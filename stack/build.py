@@ -1,6 +1,6 @@
 """Config -> objects. The only caller of `hydra.utils.instantiate` in the project.
 
-Order: hardware -> mesh -> model -> optimizer -> data -> algorithm -> loggers.
+Order: hardware -> mesh -> algorithm -> data -> model -> quantization -> optimizer -> loggers.
 """
 
 from collections.abc import Iterable, Sequence
@@ -24,6 +24,7 @@ from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.hf import load_hf_weights
 from stack.models.llama import abstract_model, init_model
 from stack.parallel import check_layout, logical_rules, make_mesh
+from stack.quant import apply_quantization, trainable
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Experiment:
     mesh: jax.sharding.Mesh
     rules: tuple[tuple[str, Any], ...]
     model: nnx.Module
+    trainable: Any  # nnx filter of the params the optimizer updates (nnx.Param, or nnx.LoRAParam)
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     algorithm: Algorithm
@@ -131,15 +133,15 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
             "add eval data or lower data.batch_size."
         )
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
-        model = initial_model(cfg, abstract)
+        model = apply_quantization(cfg.quantization, initial_model(cfg, abstract), cfg.seed, abstract)
     tx, schedule = make_optimizer(cfg.optimizer, cfg.trainer.grad_accum)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
     if abstract:
-        return Experiment(cfg, run_dir, mesh, rules, model, tx, schedule, algorithm, tokenizer, train, evals,
+        return Experiment(cfg, run_dir, mesh, rules, model, trainable(cfg.quantization), tx, schedule, algorithm, tokenizer, train, evals,
                           flops, 0.0)
     checkpointer = Checkpointer(cfg, run_dir)
     wandb_id = (checkpointer.latest_meta() or {}).get("wandb_id")  # a resumed run continues its wandb run
     sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
-    return Experiment(cfg, run_dir, mesh, rules, model, tx, schedule, algorithm, tokenizer, train, evals,
+    return Experiment(cfg, run_dir, mesh, rules, model, trainable(cfg.quantization), tx, schedule, algorithm, tokenizer, train, evals,
                       flops, peak_flops_per_device(cfg.hardware, run_dir), sinks, checkpointer, wandb_id)

@@ -3,7 +3,8 @@
 One checkpoint step holds everything a resume needs: `state` (params + optimizer state, as
 sharded in training), `data` (the Grain iterator state before the next batch was read) and
 `meta` (step, RNG key data, the resolved config, the math-relevant keys as composed, the
-wandb run id). Saves are async (the
+wandb run id) and, where the algorithm precomputes per-record values before training,
+`columns` (those tables, so a resume never recomputes them from a policy that has moved). Saves are async (the
 step waits only for the device-to-host copy); Orbax finalises a step atomically, so a step
 killed mid-save is never listed. Restore tries the newest step across all tiers and falls
 back to older ones with a warning when a step cannot be read; it never restarts from
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from omegaconf import DictConfig, OmegaConf
 
@@ -45,6 +47,7 @@ class Restored:
     data: dict[str, Any]  # the data iterator state
     meta: dict[str, Any]
     where: str
+    columns: dict[str, Any] | None = None  # precomputed per-record tables, where saved
 
 
 def _manager(path: str, keep: int, async_save: bool) -> ocp.CheckpointManager:
@@ -108,15 +111,17 @@ class Checkpointer:
         return [t for t in self.tiers if t.every and step % t.every == 0]
 
     def save(self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any],
-             tiers: list[Tier] | None = None, block: bool = False) -> None:
+             tiers: list[Tier] | None = None, block: bool = False, columns: dict[str, Any] | None = None) -> None:
         """Save to `tiers` (default: all); async unless `block`."""
         meta = {**meta, "step": step, "config": math_config(self.cfg),
                 "resolved_config": OmegaConf.to_container(self.cfg, resolve=True)}
         for tier in self.tiers if tiers is None else tiers:
             if step in tier.manager.all_steps():
                 continue  # e.g. the final step that was also a cadence step
-            tier.manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta)))
+            items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta))
+            if columns is not None:
+                items["columns"] = ocp.args.StandardSave(columns)
+            tier.manager.save(step, args=ocp.args.Composite(**items))
             if block:
                 tier.manager.wait_until_finished()
 
@@ -138,16 +143,21 @@ class Checkpointer:
         found = [(step, path, m) for path, m in self._sources() for step in m.all_steps()]
         return sorted(found, key=lambda c: c[0], reverse=True)
 
-    def restore(self, abstract_state: Any) -> Restored | None:
-        """The newest readable step across the tiers (None: nothing to resume from)."""
+    def restore(self, abstract_state: Any, columns: bool = False) -> Restored | None:
+        """The newest readable step across the tiers (None: nothing to resume from).
+
+        `columns`: also read the precomputed tables (numpy, as saved).
+        """
         errors = []
         for step, path, manager in self._candidates():
             try:
                 meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
                 self._check_config(meta, f"{path}/{step}")  # a changed config is an error, not a bad step
-                r = manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
-                    meta=ocp.args.JsonRestore()))
+                items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
+                             meta=ocp.args.JsonRestore())
+                if columns:
+                    items["columns"] = ocp.args.StandardRestore()
+                r = manager.restore(step, args=ocp.args.Composite(**items))
             except ConfigError:
                 raise
             except Exception as exc:  # a truncated or deleted file: try the previous step
@@ -156,7 +166,8 @@ class Checkpointer:
                               "trying the previous one", RuntimeWarning, stacklevel=2)
                 errors.append(f"step {step} in {path}: {reason}")
                 continue
-            return Restored(step, r.state, r.data, r.meta, f"{path}/{step}")
+            tables = jax.tree.map(np.asarray, r.columns) if columns else None
+            return Restored(step, r.state, r.data, r.meta, f"{path}/{step}", tables)
         if errors:
             raise ConfigError(
                 f"Checkpoints exist but none can be restored ({'; '.join(errors)}). Not restarting from "
@@ -205,7 +216,12 @@ def load_params(model: Any, path: str, step: int | None = None) -> int:
     step = manager.latest_step() if step is None else step
     if step is None:
         raise ConfigError(f"{path!r} holds no complete checkpoint step.")
-    saved = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
+    r = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    method = (r.meta.get("config", {}).get("quantization") or {}).get("method", "none")
+    if method != "none":
+        raise ConfigError(f"Checkpoint {path}/{step} was trained with quantization.method={method!r}: it holds "
+                          "the adapters only, not a full model (merging adapters into the base is not built).")
+    saved = r.state["params"]
     for keys, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         node = saved
         for k in (*map(str, keys), "value"):

@@ -27,6 +27,7 @@ from stack.errors import ConfigError
 from stack.hardware import check_platform, train_flops_per_token
 from stack.loop import jit_steps
 from stack.parallel import _on, batch_sharding, opt_state_shardings
+from stack.precompute import columns_fn
 
 GiB = 1024**3
 SINGLE_HOST_CHIPS = {"v5e": 8, "v6e": 8}  # largest one-host slice (v5litepod-8, v6e-8); others 4
@@ -93,14 +94,19 @@ def target_devices(hw: Any) -> list[jax.Device]:
     return list(topo.devices)
 
 
-def abstract_state(exp: Experiment) -> tuple[Any, Any]:
-    """(params, optimizer state) as ShapeDtypeStructs with the shardings training uses."""
-    _, params, _ = nnx.split(exp.model, nnx.Param, ...)
+def _sds(tree: Any, mesh: Any) -> Any:
+    """`tree`'s leaves as ShapeDtypeStructs laid out on `mesh` as training lays them out."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_on(mesh, x)), tree)
+
+
+def abstract_state(exp: Experiment) -> tuple[Any, Any, Any]:
+    """(trained params, optimizer state, the rest of the model's state) as ShapeDtypeStructs
+    with the shardings training uses."""
+    _, params, fixed = nnx.split(exp.model, exp.trainable, ...)
     opt_shardings = opt_state_shardings(exp.tx, params, exp.mesh)  # eager: not on the target mesh
-    sds = lambda tree, sh: jax.tree.map(  # noqa: E731
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
-    return (sds(params, jax.tree.map(lambda x: _on(exp.mesh, x), params)),
-            sds(jax.eval_shape(exp.tx.init, params), opt_shardings))
+    opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                             jax.eval_shape(exp.tx.init, params), opt_shardings)
+    return _sds(params, exp.mesh), opt_state, _sds(fixed, exp.mesh)
 
 
 def bytes_per_device(tree: Any) -> int:
@@ -108,18 +114,21 @@ def bytes_per_device(tree: Any) -> int:
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def lower_and_compile(exp: Experiment, params: Any, opt_state: Any) -> CompileReport:
+def lower_and_compile(exp: Experiment, params: Any, opt_state: Any, fixed: Any) -> CompileReport:
     """AOT-compile `exp`'s train step (`jit_steps`) for abstract inputs and measure it."""
     mesh, data = exp.mesh, batch_sharding(exp.mesh, exp.rules)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, PartitionSpec(*data.spec[:v.ndim])))
-             for k, v in exp.eval_batches[0].items()}
-    frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_on(mesh, x)),
-                          exp.algorithm.frozen(exp.model))
+    on_data = lambda v: jax.ShapeDtypeStruct(  # noqa: E731
+        v.shape, v.dtype, sharding=NamedSharding(mesh, PartitionSpec(*data.spec[:v.ndim])))
+    batch = {k: on_data(v) for k, v in exp.eval_batches[0].items()}
+    frozen = _sds(exp.algorithm.frozen(exp.model), mesh)
     with jax.set_mesh(mesh), nnx.logical_axis_rules(exp.rules):
+        if exp.algorithm.precomputes:  # the step reads precomputed columns instead of the frozen state
+            columns = jax.eval_shape(columns_fn(exp, nnx.graphdef(exp.model)), params, fixed, batch, frozen)
+            batch, frozen = {**batch, **jax.tree.map(on_data, columns)}, None
         step_fn, _ = jit_steps(exp, (jax.tree.map(lambda x: x.sharding, params),
                                      jax.tree.map(lambda x: x.sharding, opt_state)))
         t0 = time.perf_counter()
-        lowered = step_fn.lower(params, opt_state, batch, frozen)
+        lowered = step_fn.lower(params, opt_state, fixed, batch, frozen)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
@@ -151,13 +160,13 @@ def compile_for_target(cfg: Any) -> int:
           f"mesh={cfg.mesh.name} {dict(exp.mesh.shape)}, batch {cfg.data.batch_size}x{cfg.data.seq_len}")
     if n < hw.chips:
         print(f"note: mesh={cfg.mesh.name} uses {n} of the {hw.chips} chips; mesh={hw.default_mesh} uses them all")
-    params, opt_state = abstract_state(exp)
-    state = bytes_per_device((params, opt_state))
+    params, opt_state, fixed = abstract_state(exp)
+    state = bytes_per_device((params, opt_state, fixed))
     print(f"per device: parameters + optimizer state {_size(state)}")
     if hbm and state > hbm:  # no need to spend minutes compiling
         return _does_not_fit(state, hbm, " (parameters + optimizer state alone; not compiled)")
     try:
-        r = lower_and_compile(exp, params, opt_state)
+        r = lower_and_compile(exp, params, opt_state, fixed)
     except jax.errors.JaxRuntimeError as exc:  # XLA:TPU refuses programs that exceed HBM
         if "RESOURCE_EXHAUSTED" not in str(exc):
             raise

@@ -6,8 +6,11 @@ Importing is `model.init_from=hf:DIR` on any run.
 
 import argparse
 import os
+import sys
 
 from omegaconf import OmegaConf
+
+from stack.errors import ConfigError
 
 
 def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "float32") -> int:
@@ -35,7 +38,11 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--step", type=int, default=None, help="default: the newest complete step")
     ex.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
-    step = export(args.checkpoints, args.out, args.step, args.dtype)
+    try:
+        step = export(args.checkpoints, args.out, args.step, args.dtype)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     print(f"exported step {step} of {args.checkpoints} to {args.out}")
 
 

@@ -1,9 +1,11 @@
 """The generic trainer: one jitted step, metrics on device until a logging step, eval, summary.
 
 The loop knows nothing about the objective: the algorithm supplies `loss` (and optional
-frozen state such as a reference model). Gradient accumulation is `optax.MultiSteps`
-(built in stack.build): one call of the step per micro-batch, `trainer.grad_accum` calls per
-optimizer step. Host syncs happen only at logging/eval steps (and once after step 1 to
+frozen state such as a reference model, or per-record columns it precomputes once; see
+stack.precompute). Only `exp.trainable` params get gradients and optimizer state; the rest
+of the model (e.g. LoRA's frozen base weights) is a step argument, never a compiled
+constant. Gradient accumulation is `optax.MultiSteps` (built in stack.build): one call of
+the step per micro-batch, `trainer.grad_accum` calls per optimizer step. Host syncs happen only at logging/eval steps (and once after step 1 to
 separate compile time from throughput).
 """
 
@@ -23,18 +25,19 @@ from jax.sharding import NamedSharding, PartitionSpec
 from stack.build import Experiment
 from stack.hardware import mfu_metrics
 from stack.parallel import batch_sharding, opt_state_shardings, shardings_of
+from stack.precompute import precompute_columns, with_columns
 
 
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or Inf (trainer.nan_policy=stop)."""
 
 
-def make_train_step(graphdef: Any, rest: Any, algorithm: Any, tx: optax.GradientTransformation) -> Callable:
-    """A pure (params, opt_state, batch, frozen) -> (params, opt_state, metrics) function."""
+def make_train_step(graphdef: Any, algorithm: Any, tx: optax.GradientTransformation) -> Callable:
+    """A pure (params, opt_state, fixed, batch, frozen) -> (params, opt_state, metrics) function."""
 
-    def step(params, opt_state, batch, frozen):
+    def step(params, opt_state, fixed, batch, frozen):
         def loss_fn(p):
-            return algorithm.loss(nnx.merge(graphdef, p, rest), batch, frozen)
+            return algorithm.loss(nnx.merge(graphdef, p, fixed), batch, frozen)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -47,11 +50,11 @@ def make_train_step(graphdef: Any, rest: Any, algorithm: Any, tx: optax.Gradient
     return step
 
 
-def make_eval_step(graphdef: Any, rest: Any, algorithm: Any) -> Callable:
-    """A pure (params, batch, frozen) -> metrics function."""
+def make_eval_step(graphdef: Any, algorithm: Any) -> Callable:
+    """A pure (params, fixed, batch, frozen) -> metrics function."""
 
-    def evaluate(params, batch, frozen):
-        loss, metrics = algorithm.loss(nnx.merge(graphdef, params, rest), batch, frozen)
+    def evaluate(params, fixed, batch, frozen):
+        loss, metrics = algorithm.loss(nnx.merge(graphdef, params, fixed), batch, frozen)
         return {**metrics, "loss": loss}
 
     return evaluate
@@ -73,11 +76,11 @@ def jit_steps(exp: Experiment, state_shardings: tuple[Any, Any]) -> tuple[Callab
 
     Also used by `mode=compile`, which lowers the same train step for abstract inputs.
     """
-    graphdef, _, rest = nnx.split(exp.model, nnx.Param, ...)
+    graphdef = nnx.graphdef(exp.model)
     replicated = NamedSharding(exp.mesh, PartitionSpec())
-    step_fn = jax.jit(make_train_step(graphdef, rest, exp.algorithm, exp.tx), donate_argnums=(0, 1),
+    step_fn = jax.jit(make_train_step(graphdef, exp.algorithm, exp.tx), donate_argnums=(0, 1),
                       out_shardings=(*state_shardings, replicated))
-    eval_fn = jax.jit(make_eval_step(graphdef, rest, exp.algorithm), out_shardings=replicated)
+    eval_fn = jax.jit(make_eval_step(graphdef, exp.algorithm), out_shardings=replicated)
     return step_fn, eval_fn
 
 
@@ -116,17 +119,24 @@ def _check_finite(window: list[dict[str, Any]], step: int, policy: str) -> None:
 
 def _train(exp: Experiment) -> dict[str, float]:
     t, ckpt = exp.cfg.trainer, exp.checkpointer
-    graphdef, params, rest = nnx.split(exp.model, nnx.Param, ...)
+    graphdef, params, fixed = nnx.split(exp.model, exp.trainable, ...)
     frozen = exp.algorithm.frozen(exp.model)
     # each param-shaped optimizer leaf is laid out like its param (jit alone would replicate it)
     opt_state = jax.jit(exp.tx.init, out_shardings=opt_state_shardings(exp.tx, params, exp.mesh))(params)
     step_fn, eval_fn = jit_steps(exp, shardings_of((params, opt_state)))
     data_sharding = batch_sharding(exp.mesh, exp.rules)
-    eval_batches = [jax.device_put(b, data_sharding) for b in exp.eval_batches]
-    micro_tokens = exp.algorithm.batch_tokens(exp.eval_batches[0])
-    it = iter(exp.train_batches)
+    abstract = _abstract({"params": params, "opt_state": opt_state})
+    restored = ckpt.restore(abstract, columns=exp.algorithm.precomputes) if ckpt else None
+    train_batches, host_evals, columns = exp.train_batches, exp.eval_batches, None
+    if exp.algorithm.precomputes:  # once, from the initial model; they replace the frozen state
+        columns = restored.columns if restored else precompute_columns(exp, graphdef, params, fixed, frozen,
+                                                                        data_sharding)
+        train_batches, host_evals = with_columns(exp, columns)
+        frozen = None
+    eval_batches = [jax.device_put(b, data_sharding) for b in host_evals]
+    micro_tokens = exp.algorithm.batch_tokens(host_evals[0])
+    it = iter(train_batches)
     first_step = 1
-    restored = ckpt.restore(_abstract({"params": params, "opt_state": opt_state})) if ckpt else None
     if restored:  # into the current mesh's shardings, whatever mesh wrote it
         params, opt_state = restored.state["params"], restored.state["opt_state"]
         it.set_state(restored.data)
@@ -137,7 +147,7 @@ def _train(exp: Experiment) -> dict[str, float]:
     meta = {"rng": jax.random.key_data(jax.random.key(exp.cfg.seed)).tolist(), "wandb_id": exp.wandb_id}
 
     def evaluate() -> dict[str, float]:
-        return _mean([eval_fn(params, b, frozen) for b in eval_batches], "eval/")
+        return _mean([eval_fn(params, fixed, b, frozen) for b in eval_batches], "eval/")
 
     def emit(step: int, metrics: dict[str, float]) -> None:
         for sink in exp.sinks:
@@ -156,7 +166,7 @@ def _train(exp: Experiment) -> dict[str, float]:
             batch = jax.device_put(next(it), data_sharding)
             for step in range(first_step, t.steps + 1):
                 for _ in range(t.grad_accum):
-                    params, opt_state, metrics = step_fn(params, opt_state, batch, frozen)
+                    params, opt_state, metrics = step_fn(params, opt_state, fixed, batch, frozen)
                     window.append(metrics)
                     data_state = it.get_state()  # what a checkpoint of this step resumes from
                     t_read = time.perf_counter()
@@ -172,7 +182,7 @@ def _train(exp: Experiment) -> dict[str, float]:
                     train_metrics = _mean(window, "train/")
                     window = []
                     now = time.perf_counter()
-                    train_metrics["data/epoch"] = exp.train_batches.epoch(data_state)
+                    train_metrics["data/epoch"] = train_batches.epoch(data_state)
                     if window_steps:
                         train_metrics["perf/tokens_per_sec"] = window_steps * t.grad_accum * micro_tokens / (now - t_window)
                         train_metrics["perf/step_seconds"] = (now - t_window) / window_steps
@@ -201,14 +211,14 @@ def _train(exp: Experiment) -> dict[str, float]:
                 if tiers:
                     _check_finite(window, step, t.nan_policy)
                     ckpt.save(step, {"params": params, "opt_state": opt_state}, data_state, meta, tiers,
-                              block=bool(preempted))
+                              block=bool(preempted), columns=columns)
                 if preempted:
                     break
         seconds = time.perf_counter() - start
         jax.block_until_ready(params)
     finally:
         it.close()  # stops Grain's reader threads / worker processes
-    exp.model, exp.opt_state = nnx.merge(graphdef, params, rest), opt_state
+    exp.model, exp.opt_state = nnx.merge(graphdef, params, fixed), opt_state
     steady, ran = seconds - compile_seconds, step - first_step + 1
     tokens_per_sec = (ran - 1) * t.grad_accum * micro_tokens / steady if steady > 0 and ran > 1 else 0.0
     return {

@@ -20,7 +20,7 @@ CHOICES = {
     "trainer.nan_policy": ("stop", "ignore"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
-    "quantization.method": ("none",),
+    "quantization.method": ("none", "lora"),
     "checkpoint.name": ("none", "local", "persistent", "multi_tier"),
     "hardware.platform": ("cpu", "gpu", "tpu"),
 }
@@ -54,8 +54,14 @@ def validate(cfg: DictConfig) -> None:
         )
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
+    _check_quantization(cfg.quantization)
     if cfg.algorithm.name == "dpo":
         _check_dpo(cfg.algorithm)
+        if cfg.algorithm.reference.init_from and cfg.quantization.method == "lora":
+            raise ConfigError(
+                f"'algorithm.reference.init_from'={cfg.algorithm.reference.init_from!r} cannot be combined "
+                "with quantization.method=lora: with LoRA the reference is the base model with its "
+                "adapters off. Drop one of the two.")
     check_targets(cfg, tuple(cfg.allow_targets))
 
 
@@ -93,6 +99,32 @@ def _check_dpo(a: DictConfig) -> None:
         raise ConfigError(f"'algorithm.label_smoothing'={a.label_smoothing} must be in [0, 0.5).")
     if a.label_smoothing and a.loss_type not in ("sigmoid", "robust"):
         raise ConfigError(f"'algorithm.label_smoothing' applies to loss_type sigmoid or robust, not {a.loss_type!r}.")
+
+
+QTYPES = ("nf4", "int8", "int4")
+
+
+def _check_quantization(q: DictConfig) -> None:
+    if q.method == "none":
+        if q.rules:
+            raise ConfigError("'quantization.rules' is set but quantization.method=none; pick quantization=lora "
+                              "or qlora_nf4 (or set method=lora).")
+        return
+    if not q.rules:
+        raise ConfigError(f"'quantization.rules' is empty for quantization.method={q.method!r}: list at least one "
+                          "rule (module_path regex, rank, alpha).")
+    for i, r in enumerate(q.rules):
+        if r.rank < 1:
+            raise ConfigError(f"'quantization.rules.{i}.rank'={r.rank} must be a positive integer.")
+        if not r.alpha > 0:
+            raise ConfigError(f"'quantization.rules.{i}.alpha'={r.alpha} must be > 0.")
+        if r.weight_qtype is not None and r.weight_qtype not in QTYPES:
+            raise bad_choice(f"quantization.rules.{i}.weight_qtype", r.weight_qtype, ("null", *QTYPES))
+        if r.weight_qtype in ("nf4", "int4") and not r.tile_size:
+            raise ConfigError(f"'quantization.rules.{i}.tile_size' is required for weight_qtype={r.weight_qtype!r} "
+                              "(4-bit weights are scaled per tile of the contraction dim, e.g. 64).")
+        if r.tile_size is not None and r.tile_size < 1:
+            raise ConfigError(f"'quantization.rules.{i}.tile_size'={r.tile_size} must be a positive integer.")
 
 
 def _check_checkpoint(c: DictConfig) -> None:

@@ -35,6 +35,19 @@ class FixedLogits:
         return self.logits
 
 
+class Capture:
+    """A sink that keeps every logged row as {"step": N, **metrics}."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log(self, step, metrics):
+        self.rows.append({"step": step, **metrics})
+
+    def close(self, summary=None):
+        pass
+
+
 @pytest.fixture
 def cfg_factory():
     return make_cfg

@@ -14,8 +14,14 @@
   rewards/rejected likewise, rewards/margins their difference, rewards/accuracies the
   fraction with chosen reward strictly above rejected, logps/chosen, logps/rejected.
 
-The reference is a frozen copy of the initial policy (`model.init_from` sets both), or the
-params of `reference_init_from` (a stack checkpoints dir).
+The reference is, in this order of precedence:
+- `reference.init_from`: the params of another stack run (a checkpoints dir);
+- with LoRA (`quantization.method=lora`): the policy itself with its adapters off (LoRA params
+  zeroed inside the step), so no second copy of the base weights exists;
+- else a frozen copy of the initial policy (`model.init_from` sets both).
+With `precompute_reference=true` the reference log-probs of every record are computed once
+before training (stack.precompute), stored with the data state in each checkpoint, and read
+from the batch (`ref_logps`, [batch, 2]); no reference model is kept or run during training.
 """
 
 from typing import Any
@@ -26,6 +32,7 @@ import optax
 from flax import nnx
 
 from stack.algorithms.base import Metrics
+from stack.errors import ConfigError
 
 LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust")
 
@@ -52,19 +59,34 @@ def sequence_logps(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tu
     return (token_logps * mask).sum(-1), mask.sum(-1)
 
 
+def _logps(model: nnx.Module, flat: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(sequence log-prob, completion tokens) of each row of a folded [2B, T] batch."""
+    logits = model(flat["inputs"], positions=flat.get("positions"), segment_ids=flat.get("segment_ids"))
+    return sequence_logps(logits, flat["targets"], flat["loss_mask"].astype(jnp.float32))
+
+
 class DPO:
     """Batches are preference pairs: every key shaped [batch, 2 (chosen, rejected), seq]."""
 
     data_kinds = ("preference",)
 
     def __init__(self, name: str = "dpo", beta: float = 0.1, loss_type: str = "sigmoid",
-                 label_smoothing: float = 0.0, sft_weight: float = 0.0, reference_init_from: str | None = None):
+                 label_smoothing: float = 0.0, sft_weight: float = 0.0, reference: dict[str, Any] | None = None,
+                 precompute_reference: bool = False):
         self.name, self.beta, self.loss_type = name, beta, loss_type
-        self.label_smoothing, self.sft_weight, self.reference_init_from = label_smoothing, sft_weight, reference_init_from
+        self.label_smoothing, self.sft_weight = label_smoothing, sft_weight
+        self.reference_init_from = (reference or {}).get("init_from")
+        self.precomputes = precompute_reference
         self._graphdef = self._rest = None
 
     def frozen(self, model: nnx.Module) -> Any:
-        """The reference params: a copy of the initial policy's (or loaded from reference_init_from)."""
+        """The reference params: a copy of the initial policy's (or loaded from reference.init_from);
+        None for a LoRA policy, whose reference is itself with the adapters off."""
+        if jax.tree.leaves(nnx.state(model, nnx.LoRAParam)):
+            if self.reference_init_from:
+                raise ConfigError("'algorithm.reference.init_from' cannot be combined with LoRA "
+                                  "(quantization.method=lora): the reference is the base model with adapters off.")
+            return None
         self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
         copy = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
         shape_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(copy))  # mode=compile
@@ -76,23 +98,26 @@ class DPO:
             copy = nnx.state(reference, nnx.Param)
         return copy
 
-    def reference(self, frozen: Any) -> nnx.Module:
-        """The frozen reference model from its params."""
-        return nnx.merge(self._graphdef, frozen, self._rest)
+    def reference(self, model: nnx.Module, frozen: Any) -> nnx.Module:
+        """The reference model: from its frozen params, or (None) `model` with its LoRA adapters zeroed."""
+        if frozen is not None:
+            return nnx.merge(self._graphdef, jax.lax.stop_gradient(frozen), self._rest)
+        graphdef, adapters, rest = nnx.split(model, nnx.LoRAParam, ...)
+        return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, adapters), rest)
+
+    def columns(self, model: nnx.Module, batch: dict[str, jax.Array], frozen: Any) -> dict[str, jax.Array]:
+        """The reference's sequence log-probs of each pair, `ref_logps` [batch, 2 (chosen, rejected)]."""
+        flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
+        ref, _ = _logps(self.reference(model, frozen), flat)
+        return {"ref_logps": ref.reshape(-1, 2)}
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         return int(batch["inputs"].size)
 
     def loss(self, model: nnx.Module, batch: dict[str, jax.Array], frozen: Any) -> tuple[jax.Array, Metrics]:
         flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}  # [2B, T]: c0, r0, c1, r1, ...
-        mask = flat["loss_mask"].astype(jnp.float32)
-
-        def logps(m: nnx.Module) -> tuple[jax.Array, jax.Array]:
-            logits = m(flat["inputs"], positions=flat.get("positions"), segment_ids=flat.get("segment_ids"))
-            return sequence_logps(logits, flat["targets"], mask)
-
-        policy, tokens = logps(model)
-        ref, _ = logps(self.reference(jax.lax.stop_gradient(frozen)))
+        policy, tokens = _logps(model, flat)
+        ref = jax.lax.stop_gradient(flat["ref_logps"] if "ref_logps" in flat else _logps(self.reference(model, frozen), flat)[0])
         if self.loss_type == "ipo":  # length-normalised log-ratios
             policy_n, ref_n = policy / jnp.maximum(tokens, 1.0), ref / jnp.maximum(tokens, 1.0)
         else:

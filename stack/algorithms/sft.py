@@ -18,6 +18,7 @@ class SFT:
     """
 
     data_kinds = ("sft", "text")
+    precomputes = False
 
     def __init__(self, name: str = "sft", loss_reduction: str = "mean"):
         self.name, self.loss_reduction = name, loss_reduction

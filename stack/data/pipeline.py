@@ -4,6 +4,10 @@ Train data repeats forever; epoch e is shuffled with a permutation drawn from (s
 Each process reads every `jax.process_count()`-th record of the shuffled stream, so processes
 see disjoint data. The iterator is a Grain `DatasetIterator`: `get_state()` / `set_state()`
 resume it exactly (the checkpoint stores that state).
+
+Columns computed once per record before training (e.g. DPO reference log-probs,
+`Batches.with_columns`) are tables indexed by the record's position in the source; each
+row carries its record's entries, whatever the shuffle order.
 """
 
 from collections.abc import Iterator, Sequence
@@ -61,6 +65,22 @@ class Unpack:
         return out
 
 
+def _pair(index: int, record: Any) -> tuple[int, Any]:
+    return index, record
+
+
+class WithColumns:
+    """Encodes an (index, record) pair and adds row `index` of each table to the encoded row."""
+
+    def __init__(self, encoder: Encoder, tables: dict[str, np.ndarray]):
+        self.encoder, self.tables = encoder, tables
+
+    def __call__(self, pair: tuple[int, Any]) -> dict[str, np.ndarray] | None:
+        index, record = pair  # past the first epoch Grain passes index + epoch * len(source)
+        row = self.encoder(record)
+        return row if row is None else {**row, **{k: t[index % len(t)] for k, t in self.tables.items()}}
+
+
 def _records_read(state: Any) -> int:
     """The records a Grain iterator state has read (packing, prefetch and workers nest states)."""
     if isinstance(state, dict):
@@ -76,25 +96,29 @@ class Batches:
     """The batches of one split as numpy dicts (train: forever; eval: one pass)."""
 
     def __init__(self, cfg: Any, tokenizer: Tokenizer, split: str, seed: int, batch_size: int,
-                 shard_index: int = 0, shard_count: int = 1):
+                 shard_index: int = 0, shard_count: int = 1, columns: dict[str, np.ndarray] | None = None):
+        self._args = (cfg, tokenizer, split, seed, batch_size, shard_index, shard_count)
         source = make_source(cfg, split, seed)
         if len(source) == 0:
             raise DataError(f"The {split} split of data.path={cfg.path!r} holds no records.")
-        self.records, self.shard_count = len(source), shard_count
+        self.records, self.shard_count, self.batch_size, self.cfg = len(source), shard_count, batch_size, cfg
         train = split == "train"
-        ds = grain.MapDataset.source(Tolerant(source) if cfg.skip_bad_records else source)
+        self._source = Tolerant(source) if cfg.skip_bad_records else source
+        pack = cfg.packing and cfg.kind in ("text", "sft")
+        self._encoder = Encoder(cfg.kind, tokenizer, cfg.chat_template, cfg.seq_len, cfg.truncation,
+                                pack, cfg.skip_bad_records, cfg.max_bad_fraction, len(source))
+        ds = grain.MapDataset.source(self._source)
+        if columns:
+            ds = ds.map_with_index(_pair)  # the source index, before the shuffle
         if train and cfg.shuffle:
             ds = ds.shuffle(seed=seed)  # a new permutation every epoch
         if train:
             ds = ds.repeat(None)
         ds = ds[shard_index::shard_count]
-        pack = cfg.packing and cfg.kind in ("text", "sft")
-        ds = ds.map(Encoder(cfg.kind, tokenizer, cfg.chat_template, cfg.seq_len, cfg.truncation,
-                            pack, cfg.skip_bad_records, cfg.max_bad_fraction, len(source)))
+        ds = ds.map(WithColumns(self._encoder, columns) if columns else self._encoder)
         if cfg.skip_bad_records:
             ds = ds.filter(_is_kept)
-        it = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
-                                                  prefetch_buffer_size=8 * cfg.read_threads + 1))
+        it = ds.to_iter_dataset(self._read_options())
         if pack:
             it = grain.experimental.FirstFitPackIterDataset(
                 it, length_struct={k: cfg.seq_len for k in PACKED_KEYS}, num_packing_bins=batch_size,
@@ -108,6 +132,31 @@ class Batches:
         elif cfg.prefetch > 0:
             it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
         self.dataset = it
+
+    def _read_options(self) -> grain.ReadOptions:
+        threads = self.cfg.read_threads
+        return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=8 * threads + 1)
+
+    def with_columns(self, columns: dict[str, np.ndarray]) -> "Batches":
+        """The same pipeline whose rows also carry `columns` (tables with one entry per source record)."""
+        return Batches(*self._args, columns=columns)
+
+    def ordered(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """(source indices, batch) over every record of the split once, in source order, unsharded.
+
+        The last batch is padded to `batch_size` by repeating its first row; `indices` has
+        only the real rows. Records dropped by `skip_bad_records` are not in any batch.
+        """
+        ds = grain.MapDataset.source(self._source).map_with_index(_pair)
+        ds = ds.map(WithColumns(self._encoder, {"index": np.arange(self.records)}))
+        if self.cfg.skip_bad_records:
+            ds = ds.filter(_is_kept)
+        for batch in ds.to_iter_dataset(self._read_options()).batch(self.batch_size, drop_remainder=False):
+            indices = batch.pop("index")
+            pad = self.batch_size - len(indices)
+            if pad:
+                batch = {k: np.concatenate([v, np.repeat(v[:1], pad, axis=0)]) for k, v in batch.items()}
+            yield indices, batch
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         """A fresh Grain iterator (with get_state / set_state) from the start."""

@@ -1,6 +1,6 @@
 """Schemas of the `algorithm` group: one dataclass per algorithm, chosen by the option."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -19,6 +19,12 @@ class SFTConfig(AlgorithmConfig):
 
 
 @dataclass
+class ReferenceConfig:
+    # None: the initial policy (with LoRA: the base model with adapters off); else a checkpoints dir
+    init_from: Optional[str] = None
+
+
+@dataclass
 class DPOConfig(AlgorithmConfig):
     name: str = "dpo"
     _target_: str = "stack.algorithms.dpo.DPO"
@@ -26,4 +32,6 @@ class DPOConfig(AlgorithmConfig):
     loss_type: str = "sigmoid"  # sigmoid | hinge | ipo | robust (stack/algorithms/dpo.py)
     label_smoothing: float = 0.0  # sigmoid (cDPO) and robust; 0 <= eps < 0.5
     sft_weight: float = 0.0  # + weight x NLL of the chosen completions (TRL's rpo_alpha)
-    reference_init_from: Optional[str] = None  # None: the reference is the initial policy
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    # true: reference log-probs computed once before training, stored with the data state
+    precompute_reference: bool = False

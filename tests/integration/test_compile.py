@@ -134,12 +134,27 @@ def test_llama3_8b_on_v5e_2x4(capsys):
     assert code == 0, out
 
 
+DPO_VARIANTS = {"copy": [], "precomputed": ["algorithm.precompute_reference=true"], "lora": ["quantization=lora"],
+                "qlora": ["quantization=qlora_nf4", "quantization.rules.0.tile_size=16"]}
+
+
 def test_dpo_step_compiles_for_cpu(capsys):
-    code, out = compile_cfg(["+recipe=llama_dpo", "hardware=cpu", "mode=compile"], capsys)
-    assert code == 0 and "fits:" in out, out
+    args = {}
+    for name, extra in DPO_VARIANTS.items():
+        code, out = compile_cfg(["+recipe=llama_dpo", "hardware=cpu", "mode=compile", *extra], capsys)
+        assert code == 0 and "fits:" in out, out
+        args[name] = gib(out, "per device: arguments")
+    # the step's inputs: params + Adam (2x) + the reference copy; precomputed: no reference params;
+    # LoRA: the base once plus small adapters; QLoRA: 4-bit projections (llama_tiny is embedding-heavy)
+    from stack.models.llama import param_count
+
+    reference_gib = param_count(make_cfg(["+recipe=llama_dpo"]).model) * 4 / GiB
+    assert args["copy"] - args["precomputed"] == pytest.approx(reference_gib, rel=0.05), args
+    assert args["lora"] < 0.4 * args["copy"] and args["qlora"] < 0.7 * args["lora"], args
 
 
 @tpu_extra
-def test_dpo_on_v5e_2x2_fits(capsys):
-    code, out = compile_cfg(["+recipe=llama_dpo", *TINY_V5E], capsys)
+@pytest.mark.parametrize("variant", list(DPO_VARIANTS))
+def test_dpo_on_v5e_2x2_fits(capsys, variant):
+    code, out = compile_cfg(["+recipe=llama_dpo", *TINY_V5E, *DPO_VARIANTS[variant]], capsys)
     assert code == 0 and "v5e:2x2" in out and "fits:" in out and "does not fit" not in out, out

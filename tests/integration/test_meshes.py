@@ -82,3 +82,24 @@ def test_dpo_under_every_mesh_matches_single_device():
     assert single[0] == pytest.approx(0.6931471824645996, abs=1e-6)  # policy == reference at step 1
     for mesh in DPO_MESHES[1:]:
         assert losses[mesh] == pytest.approx(single, abs=1e-5), mesh
+
+
+ADAPTED = [f"algorithm=dpo data=jsonl_prefs data.batch_size=8 optimizer.lr=1e-2 {q} {m}"
+           for q in ("quantization=lora", "quantization=qlora_nf4 quantization.rules.0.tile_size=16")
+           for m in ("mesh=single", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2")]
+PRECOMPUTED = [f"algorithm=dpo data=jsonl_prefs data.batch_size=8 algorithm.precompute_reference=true {m}"
+               for m in ("mesh=single", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2")]
+
+
+def test_lora_qlora_and_precomputed_dpo_under_meshes_match_single_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *ADAPTED, *PRECOMPUTED], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = json.loads(out.stdout.strip().splitlines()[-1])["losses"]
+    for group in (ADAPTED[:2], ADAPTED[2:], PRECOMPUTED):
+        single = losses[group[0]]
+        assert single[0] == pytest.approx(0.6931471824645996, abs=1e-6)  # the reference is the initial policy
+        assert single[-1] < single[0] - 1e-3  # and the policy moves
+        for mesh in group[1:]:
+            assert losses[mesh] == pytest.approx(single, abs=1e-5), mesh

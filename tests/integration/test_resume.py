@@ -185,9 +185,49 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
 
     model = init_model(make_cfg(["algorithm=dpo", "data=jsonl_prefs"]).model, 0)
     own = np.asarray(model.embed.embedding.value)
-    frozen = DPO(reference_init_from=str(a / "checkpoints")).frozen(model)
+    frozen = DPO(reference={"init_from": str(a / "checkpoints")}).frozen(model)
     saved = ocp.CheckpointManager(str(a / "checkpoints")).restore(
         10, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
     np.testing.assert_array_equal(np.asarray(frozen["embed"]["embedding"].value), saved["embed"]["embedding"]["value"])
     assert not np.array_equal(own, saved["embed"]["embedding"]["value"])
     np.testing.assert_array_equal(np.asarray(model.embed.embedding.value), own)  # the policy is untouched
+
+
+def test_lora_dpo_with_precomputed_reference_resumes_from_the_saved_columns(tmp_path):
+    """The reference log-probs are stored in every step and read back on resume (the policy has
+    moved, so recomputing them would be wrong); the checkpoint holds the adapters only."""
+    args = ["+recipe=llama_dpo", "quantization=lora", "optimizer.lr=1e-2", "algorithm.precompute_reference=true",
+            "checkpoint.every=4", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1",
+            "logger=jsonl", "data.batch_size=8"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    res = run_cli(args + ["trainer.steps=40", f"run_dir={a}"], cwd=str(tmp_path))
+    assert res.returncode == 0 and "precomputed ref_logps for" in res.stdout, res.stderr
+    proc = start(args + ["trainer.steps=40", f"run_dir={b}"], str(tmp_path))
+    deadline = time.time() + 120
+    while not os.path.isdir(b / "checkpoints" / "8") and time.time() < deadline:  # a finalised step
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.kill()
+    proc.communicate()
+    res = run_cli(args + ["trainer.steps=40", f"run_dir={b}"], cwd=str(tmp_path))
+    assert res.returncode == 0 and "resumed after step" in res.stdout, res.stderr
+    assert "precomputed ref_logps" not in res.stdout  # read from the checkpoint, not recomputed
+    assert losses(b) == losses(a)
+
+    manager = ocp.CheckpointManager(str(b / "checkpoints"))
+    saved = manager.restore(40, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                        columns=ocp.args.StandardRestore()))
+    n_train = sum(1 for _ in open(os.path.join(os.path.dirname(__file__), "../../recipes/data/prefs_train.jsonl")))
+    table = np.asarray(saved.columns["train"]["ref_logps"])
+    assert table.shape == (n_train, 2) and np.isfinite(table).all() and (table < 0).all()
+    params = json.dumps(jax_keys(saved.state["params"]))
+    assert "lora_a" in params and "embedding" not in params and "/kernel/" not in params
+    res = subprocess.run([sys.executable, "-m", "stack.hf", "export", str(b / "checkpoints"), "--out", str(tmp_path / "hf")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "holds the adapters only" in res.stderr, res.stderr
+
+
+def jax_keys(tree, prefix="") -> list[str]:
+    if isinstance(tree, dict):
+        return [k for key, v in tree.items() for k in jax_keys(v, f"{prefix}/{key}")]
+    return [prefix]

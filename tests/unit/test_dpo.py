@@ -70,7 +70,7 @@ class StandIn(DPO):
         super().__init__(**kw)
         self.ref_logits = ref_logits
 
-    def reference(self, frozen):
+    def reference(self, model, frozen):
         return FixedLogits(self.ref_logits)
 
 
@@ -99,6 +99,19 @@ def test_loss_and_trl_metrics_by_hand():
     assert float(m["rewards/accuracies"]) == np.mean(chosen > rejected)
     assert float(m["logps/chosen"]) == pytest.approx(p[0::2].mean(), rel=1e-5)
     assert float(m["logps/rejected"]) == pytest.approx(p[1::2].mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_precomputed_ref_logps_in_the_batch_replace_the_reference_forward(loss_type):
+    batch, policy = pair_batch(seed=9)
+    _, ref = pair_batch(seed=10)
+    want, want_m = run_loss(dict(loss_type=loss_type), batch, policy, ref)
+    given = dict(batch, ref_logps=hand_logps(ref, batch).reshape(-1, 2).astype(np.float32))  # [pairs, 2]
+    got, got_m = run_loss(dict(loss_type=loss_type), given, policy, ref * 0 + 100.0)  # the forward is not used
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    assert float(got_m["rewards/margins"]) == pytest.approx(float(want_m["rewards/margins"]), rel=1e-5)
+    cols = StandIn(ref).columns(None, jax.tree.map(jnp.asarray, batch), None)["ref_logps"]
+    np.testing.assert_allclose(np.asarray(cols), given["ref_logps"], rtol=1e-5)
 
 
 def test_ipo_normalises_by_completion_length():

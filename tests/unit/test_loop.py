@@ -27,12 +27,12 @@ def one_update(accum: int, micro: int, cfg) -> dict:
     model = build(cfg, cfg.run_dir).model
     tx, _ = make_optimizer(cfg.optimizer, grad_accum=accum)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    step = jax.jit(loop.make_train_step(graphdef, rest, SFT(), tx))
+    step = jax.jit(loop.make_train_step(graphdef, SFT(), tx))
     opt_state = tx.init(params)
     batch = random_batch(accum * micro)
     for i in range(accum):
         part = {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}
-        params, opt_state, _ = step(params, opt_state, part, None)
+        params, opt_state, _ = step(params, opt_state, rest, part, None)
     return nnx.to_pure_dict(params)
 
 

@@ -1,0 +1,57 @@
+"""Per-record columns an algorithm computes once before training (`algorithm.precomputes`).
+
+E.g. DPO's reference log-probs (`algorithm.precompute_reference=true`): one jitted forward
+pass over every training record, in source order, and over the eval batches. The tables are
+then attached to the data (each row carries its record's entries, `Batches.with_columns`),
+saved in every checkpoint next to the data state, and replace the algorithm's frozen state.
+"""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from stack.data.pipeline import Batches
+
+IN_FLIGHT = 4  # batches of the first pass dispatched ahead of the one the host waits for
+
+
+def columns_fn(exp: Any, graphdef: Any) -> Callable:
+    """The pure (params, fixed, batch, frozen) -> {name: per-row array} of `exp`'s algorithm."""
+
+    def columns(params, fixed, batch, frozen):
+        return exp.algorithm.columns(nnx.merge(graphdef, params, fixed), batch, frozen)
+
+    return columns
+
+
+def precompute_columns(exp: Any, graphdef: Any, params: Any, fixed: Any, frozen: Any,
+                       sharding: jax.sharding.Sharding) -> dict[str, dict[str, np.ndarray]]:
+    """{"train": {name: [records, ...]}, "eval": {name: [eval batches, batch, ...]}} from the initial model."""
+    start = time.perf_counter()
+    fn = jax.jit(columns_fn(exp, graphdef))
+    pending = []
+    for indices, batch in exp.train_batches.ordered():
+        pending.append((indices, fn(params, fixed, jax.device_put(batch, sharding), frozen)))
+        if len(pending) > IN_FLIGHT:  # bounded: XLA:CPU collectives stall with hundreds queued
+            jax.block_until_ready(pending[-IN_FLIGHT][1])
+    train: dict[str, np.ndarray] = {}
+    for indices, out in jax.device_get(pending):
+        for name, value in out.items():
+            if name not in train:  # NaN marks records that were skipped as bad
+                train[name] = np.full((exp.train_batches.records, *value.shape[1:]), np.nan, value.dtype)
+            train[name][indices] = value[:len(indices)]
+    evals = jax.device_get([fn(params, fixed, jax.device_put(b, sharding), frozen) for b in exp.eval_batches])
+    print(f"precomputed {', '.join(train)} for {exp.train_batches.records} records in "
+          f"{time.perf_counter() - start:.1f}s", flush=True)
+    return {"train": train, "eval": {name: np.stack([e[name] for e in evals]) for name in evals[0]}}
+
+
+def with_columns(exp: Any, columns: dict[str, dict[str, np.ndarray]]) -> tuple[Batches, list[dict[str, np.ndarray]]]:
+    """`exp`'s train pipeline and eval batches with the precomputed columns attached."""
+    evals = [{**b, **{name: table[i] for name, table in columns["eval"].items()}}
+             for i, b in enumerate(exp.eval_batches)]
+    return exp.train_batches.with_columns(columns["train"]), evals

@@ -1,0 +1,75 @@
+"""Precomputed per-record columns (DPO's precompute_reference): they follow their record
+through shuffles and epochs, and a run that reads them matches one that computes in-step."""
+
+import json
+
+import numpy as np
+import pytest
+
+from stack.build import build
+from stack.data.pipeline import Batches
+from stack.data.tokenizers import ByteTokenizer
+from stack.loop import train
+from tests.conftest import Capture, make_cfg
+
+TOK = ByteTokenizer()
+N = 37  # not a multiple of the batch size: the first pass pads its last batch
+
+
+def prefs_file(tmp_path) -> str:
+    path = tmp_path / "prefs.jsonl"
+    rows = [{"prompt": f"item {i}:", "chosen": "yes", "rejected": "no"} for i in range(N)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def record_id(row_inputs: np.ndarray) -> int:
+    """The i of 'item i:' in a row's chosen inputs (decoded independently of the pipeline)."""
+    text = TOK.decode([t for t in row_inputs[0].tolist() if t >= 3])
+    return int(text.split("item ")[1].split(":")[0])
+
+
+def test_columns_follow_their_record_through_shuffled_epochs(tmp_path):
+    cfg = make_cfg(["data=jsonl_prefs", f"data.path={prefs_file(tmp_path)}", f"data.eval_path={tmp_path}/prefs.jsonl",
+                    "data.seq_len=24"]).data
+    batches = Batches(cfg, TOK, "train", seed=3, batch_size=8)
+    tags = np.arange(N, dtype=np.float32) * 10 + 0.5  # any per-record value
+    it = iter(batches.with_columns({"tag": tags}))
+    seen = []
+    for _ in range(12):  # 96 rows: more than 2 epochs of 37 records
+        batch = next(it)
+        assert batch["tag"].shape == (8,)
+        for inputs, tag in zip(batch["inputs"], batch["tag"]):
+            seen.append(record_id(inputs))
+            assert tag == tags[seen[-1]]
+    it.close()
+    assert sorted(seen[:N]) == list(range(N)) and seen[:N] != sorted(seen[:N])  # shuffled, every record
+
+    indices, padded = zip(*batches.ordered())
+    assert np.concatenate(indices).tolist() == list(range(N))  # every record once, in order
+    assert [b["inputs"].shape[0] for b in padded] == [8] * 5
+    assert [record_id(x) for x in padded[-1]["inputs"][:5]] == [32, 33, 34, 35, 36]
+
+
+RUN = ["+recipe=llama_dpo", "trainer.steps=6", "trainer.log_every=1", "trainer.eval_every=3", "trainer.eval_batches=2",
+       "checkpoint=none", "logger=jsonl", "data.batch_size=8"]
+
+
+def run(tmp_path, overrides):
+    tmp_path.mkdir()
+    exp = build(make_cfg(RUN + overrides + [f"run_dir={tmp_path}"]), str(tmp_path))
+    exp.sinks = [cap := Capture()]
+    train(exp)
+    return {(r["step"], k): v for r in cap.rows for k, v in r.items() if k.startswith(("train/", "eval/"))
+            and not k.startswith("train/lr")}
+
+
+@pytest.mark.parametrize("extra", [[], ["quantization=lora", "optimizer.lr=1e-2"]], ids=["copy", "lora"])
+def test_precomputed_reference_gives_the_in_step_losses(tmp_path, extra, capsys):
+    in_step = run(tmp_path / "a", extra)
+    pre = run(tmp_path / "b", extra + ["algorithm.precompute_reference=true"])
+    assert "precomputed ref_logps" in capsys.readouterr().out
+    assert set(pre) == set(in_step)
+    assert in_step[(6, "train/rewards/margins")] != 0.0  # the policy moved away from the reference
+    for key, value in in_step.items():
+        assert pre[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
