@@ -28,7 +28,9 @@ from stack.errors import ConfigError
 # Config keys whose change would make a resumed run compute something else; the rest
 # (trainer.steps, logging, eval, checkpoint cadence, mesh, data loading threads) may change.
 FIXED_KEYS = ("model", "algorithm", "optimizer", "quantization", "data", "seed", "trainer.grad_accum")
-FREE_DATA_KEYS = ("workers", "read_threads", "prefetch")
+# (data.workers is not free: Grain gives each worker process its own slice of the records and
+# batches them there, so the worker count decides which records form a batch.)
+FREE_DATA_KEYS = ("read_threads", "prefetch")
 FREE_KEYS = ("optimizer.schedule.total_steps",)  # follows trainer.steps
 
 
