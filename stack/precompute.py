@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from stack.data.pipeline import Batches
+from stack.errors import ConfigError
 
 IN_FLIGHT = 4  # batches of the first pass dispatched ahead of the one the host waits for
 
@@ -31,6 +32,9 @@ def columns_fn(exp: Any, graphdef: Any) -> Callable:
 def precompute_columns(exp: Any, graphdef: Any, params: Any, fixed: Any, frozen: Any,
                        sharding: jax.sharding.Sharding) -> dict[str, dict[str, np.ndarray]]:
     """{"train": {name: [records, ...]}, "eval": {name: [eval batches, batch, ...]}} from the initial model."""
+    if jax.process_count() > 1:  # each process would need its rows of every global batch
+        raise ConfigError("algorithm.precompute_reference=true runs its first pass in a single process only "
+                          f"(this run has {jax.process_count()}); set it to false for multi-process runs.")
     start = time.perf_counter()
     fn = jax.jit(columns_fn(exp, graphdef))
     pending = []

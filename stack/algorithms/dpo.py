@@ -14,11 +14,12 @@
   rewards/rejected likewise, rewards/margins their difference, rewards/accuracies the
   fraction with chosen reward strictly above rejected, logps/chosen, logps/rejected.
 
-The reference is, in this order of precedence:
+The reference is one of:
+- a frozen copy of the initial policy (the default; `model.init_from` sets both);
 - `reference.init_from`: the params of another stack run (a checkpoints dir);
 - with LoRA (`quantization.method=lora`): the policy itself with its adapters off (LoRA params
-  zeroed inside the step), so no second copy of the base weights exists;
-- else a frozen copy of the initial policy (`model.init_from` sets both).
+  zeroed inside the step), so no second copy of the base weights exists (not combinable
+  with `reference.init_from`).
 With `precompute_reference=true` the reference log-probs of every record are computed once
 before training (stack.precompute), stored with the data state in each checkpoint, and read
 from the batch (`ref_logps`, [batch, 2]); no reference model is kept or run during training.
