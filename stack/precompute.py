@@ -56,6 +56,11 @@ def precompute_columns(exp: Any, graphdef: Any, params: Any, fixed: Any, frozen:
 
 def with_columns(exp: Any, columns: dict[str, dict[str, np.ndarray]]) -> tuple[Batches, list[dict[str, np.ndarray]]]:
     """`exp`'s train pipeline and eval batches with the precomputed columns attached."""
+    saved = min((len(table) for table in columns["eval"].values()), default=0)
+    if saved < len(exp.eval_batches):  # a resume with more eval batches than were precomputed
+        raise ConfigError(
+            f"'trainer.eval_batches'={len(exp.eval_batches)} but the checkpoint's precomputed columns cover "
+            f"{saved} eval batches (the reference is gone after step 0); set trainer.eval_batches<={saved}.")
     evals = [{**b, **{name: table[i] for name, table in columns["eval"].items()}}
              for i, b in enumerate(exp.eval_batches)]
     return exp.train_batches.with_columns(columns["train"]), evals

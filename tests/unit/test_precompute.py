@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from stack.build import build
+from stack.errors import ConfigError
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
 from stack.loop import train
+from stack.precompute import with_columns
 from tests.conftest import Capture, make_cfg
 
 TOK = ByteTokenizer()
@@ -73,3 +75,15 @@ def test_precomputed_reference_gives_the_in_step_losses(tmp_path, extra, capsys)
     assert in_step[(6, "train/rewards/margins")] != 0.0  # the policy moved away from the reference
     for key, value in in_step.items():
         assert pre[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_a_resume_with_more_eval_batches_than_were_precomputed_is_refused(tmp_path):
+    exp = build(make_cfg(RUN + [f"run_dir={tmp_path}", "logger=console"]), str(tmp_path))  # 2 eval batches
+    n = exp.train_batches.batch_size
+    one = {"train": {"ref_logps": np.zeros((exp.train_batches.records, 2), np.float32)},
+           "eval": {"ref_logps": np.zeros((1, n, 2), np.float32)}}
+    with pytest.raises(ConfigError, match=r"trainer.eval_batches'=2 .* cover 1 eval batches"):
+        with_columns(exp, one)
+    two = {**one, "eval": {"ref_logps": np.zeros((2, n, 2), np.float32)}}
+    _, evals = with_columns(exp, two)
+    assert [e["ref_logps"].shape for e in evals] == [(n, 2), (n, 2)]
