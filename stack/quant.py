@@ -3,7 +3,7 @@
 `method=lora` wraps the matched projections with `qwix.LoraProvider`: each gets float
 adapters A (he-uniform) and B (zeros) as `nnx.LoRAParam`s, so the step-0 model equals the
 base model. With a rule's `weight_qtype` (nf4, int8, int4) the frozen base weight is stored
-quantized (QLoRA). Only `trainable(cfg)` params get gradients and optimizer state; the base
+quantized (QLoRA). Only `trainable(q)` params get gradients and optimizer state; the base
 weights are rebuilt from `seed` / `model.init_from` on every start and never checkpointed.
 """
 
