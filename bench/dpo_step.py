@@ -10,12 +10,9 @@ plus the frozen reference's forward, all in one jitted step). By FLOPs the floor
 `algorithm.precompute_reference=true` the reference pass is gone from the step (floor 1.0).
 """
 
-import argparse
 import statistics
 
-import jax
-
-from step_overhead import Fixed, experiment, ours  # bench/ is on sys.path when run as a script
+from step_overhead import Fixed, bench_args, experiment, ours  # bench/ is on sys.path when run as a script
 
 SIZES = {
     "tiny": ["model=llama_tiny", "data.seq_len=64", "trainer.steps=200"],
@@ -32,11 +29,7 @@ def step_seconds(overrides: list[str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--trials", type=int, default=3)
-    args = parser.parse_args()
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.trials} alternating trials")
+    args = bench_args(__doc__, SIZES)
     for size in args.sizes:
         b = PAIRS[size]
         sft_args = SIZES[size] + ["data=jsonl_sft", f"data.batch_size={2 * b}"]

@@ -124,12 +124,18 @@ def baseline(exp) -> float:
     return seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+def bench_args(doc: str, sizes: dict) -> argparse.Namespace:
+    """--sizes and --trials of a bench script (and a header line with the jax version)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=list(sizes), choices=list(sizes))
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.trials} alternating trials")
+    return args
+
+
+def main() -> None:
+    args = bench_args(__doc__, SIZES)
     for size in args.sizes:
         exp = experiment(SIZES[size])
         fixed = exp.eval_batches[0]

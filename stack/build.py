@@ -136,12 +136,13 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
         model = apply_quantization(cfg.quantization, initial_model(cfg, abstract), cfg.seed, abstract)
     tx, schedule = make_optimizer(cfg.optimizer, cfg.trainer.grad_accum)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
+    trains = trainable(cfg.quantization)
     if abstract:
-        return Experiment(cfg, run_dir, mesh, rules, model, trainable(cfg.quantization), tx, schedule, algorithm, tokenizer, train, evals,
+        return Experiment(cfg, run_dir, mesh, rules, model, trains, tx, schedule, algorithm, tokenizer, train, evals,
                           flops, 0.0)
     checkpointer = Checkpointer(cfg, run_dir)
     wandb_id = (checkpointer.latest_meta() or {}).get("wandb_id")  # a resumed run continues its wandb run
     sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
-    return Experiment(cfg, run_dir, mesh, rules, model, trainable(cfg.quantization), tx, schedule, algorithm, tokenizer, train, evals,
+    return Experiment(cfg, run_dir, mesh, rules, model, trains, tx, schedule, algorithm, tokenizer, train, evals,
                       flops, peak_flops_per_device(cfg.hardware, run_dir), sinks, checkpointer, wandb_id)

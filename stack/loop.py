@@ -5,8 +5,8 @@ frozen state such as a reference model, or per-record columns it precomputes onc
 stack.precompute). Only `exp.trainable` params get gradients and optimizer state; the rest
 of the model (e.g. LoRA's frozen base weights) is a step argument, never a compiled
 constant. Gradient accumulation is `optax.MultiSteps` (built in stack.build): one call of
-the step per micro-batch, `trainer.grad_accum` calls per optimizer step. Host syncs happen only at logging/eval steps (and once after step 1 to
-separate compile time from throughput).
+the step per micro-batch, `trainer.grad_accum` calls per optimizer step. Host syncs happen
+only at logging/eval steps (and once after step 1 to separate compile time from throughput).
 """
 
 import math

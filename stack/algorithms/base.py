@@ -14,9 +14,9 @@ class Algorithm(Protocol):
     `frozen(model)` returns state the loss reads but never trains (e.g. a DPO reference
     model's params; None for SFT). When `precomputes`, the loop calls the pure
     `columns(model, batch, frozen)` once per record before training (stack.precompute), adds
-    its per-row outputs to every later batch, and passes `frozen=None` from then on. `loss` is pure and traced inside the jitted step; its
-    metrics are scalars, averaged over the logging window (named without the `train/` or
-    `eval/` prefix, which the loop adds).
+    its per-row outputs to every later batch, and passes `frozen=None` from then on. `loss` is
+    pure and traced inside the jitted step; its metrics are scalars, averaged over the logging
+    window (named without the `train/` or `eval/` prefix, which the loop adds).
     """
 
     data_kinds: tuple[str, ...]  # the `data.kind`s whose batches the loss reads

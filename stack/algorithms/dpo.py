@@ -118,7 +118,11 @@ class DPO:
     def loss(self, model: nnx.Module, batch: dict[str, jax.Array], frozen: Any) -> tuple[jax.Array, Metrics]:
         flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}  # [2B, T]: c0, r0, c1, r1, ...
         policy, tokens = _logps(model, flat)
-        ref = jax.lax.stop_gradient(flat["ref_logps"] if "ref_logps" in flat else _logps(self.reference(model, frozen), flat)[0])
+        if "ref_logps" in flat:  # precomputed before training (stack.precompute)
+            ref = flat["ref_logps"]
+        else:
+            ref = _logps(self.reference(model, frozen), flat)[0]
+        ref = jax.lax.stop_gradient(ref)
         if self.loss_type == "ipo":  # length-normalised log-ratios
             policy_n, ref_n = policy / jnp.maximum(tokens, 1.0), ref / jnp.maximum(tokens, 1.0)
         else:
