@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
-from stack.errors import ConfigError, bad_choice, unknown_key, wrong_type
+from stack.errors import ConfigError, RunFailed, bad_choice, unknown_key, wrong_type
 from stack.validate import validate
 
 CONFIG_MODULE = "stack.conf"
@@ -128,9 +128,9 @@ def hydra_task(cfg: DictConfig) -> Any:
         return result
     except Exception as exc:
         if not multirun:
-            if isinstance(exc, ConfigError) and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            if isinstance(exc, (ConfigError, RunFailed)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
                 print(f"error: {exc}", file=sys.stderr)
-                sys.exit(2)
+                sys.exit(2 if isinstance(exc, ConfigError) else 1)
             raise
         job = HydraConfig.get().runtime.output_dir
         FAILED_JOBS.append(f"{job}: {type(exc).__name__}: {exc}")

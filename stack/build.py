@@ -4,7 +4,7 @@ Order: hardware -> mesh -> algorithm -> data -> model -> quantization -> optimiz
 """
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -24,35 +24,35 @@ from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.hf import load_hf_weights
 from stack.models.llama import abstract_model, init_model
 from stack.parallel import check_layout, logical_rules, make_mesh
-from stack.quant import apply_quantization, trainable
+from stack.quant import NoQuantization, Lora, make_quantization
 
 
-@dataclass
+@dataclass(frozen=True)
 class Experiment:
-    """Everything the generic loop needs, built from one config."""
+    """Everything the trainer needs, built from one config. Nothing in it changes during a
+    run: what does lives in the TrainState (stack.step) or the trainer."""
 
     cfg: DictConfig
     run_dir: str
     mesh: jax.sharding.Mesh
     rules: tuple[tuple[str, Any], ...]
-    model: nnx.Module
-    trainable: Any  # nnx filter of the params the optimizer updates (nnx.Param, or nnx.LoRAParam)
+    model: nnx.Module  # the policy, as built (quantization applied); its arrays seed the TrainState
+    quant: NoQuantization | Lora  # the quantization provider (stack.quant)
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     algorithm: Algorithm
     tokenizer: Tokenizer
     train_batches: Iterable[dict[str, np.ndarray]]
-    eval_batches: list[dict[str, np.ndarray]]
+    eval_batches: tuple[dict[str, np.ndarray], ...]
     flops_per_token: float  # training FLOPs per token (stack.hardware, MaxText's formula)
     peak_flops_per_device: float
-    sinks: list[Sink] = field(default_factory=list)
+    sinks: tuple[Sink, ...] = ()
     checkpointer: Checkpointer | None = None  # None: shape-only (validate / compile)
     wandb_id: str | None = None
-    opt_state: Any = None  # set by the loop when training ends
 
 
-def make_optimizer(cfg: Any, grad_accum: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The Optax chain from its YAML list; `grad_accum > 1` wraps it in `optax.MultiSteps`."""
+def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The Optax chain from its YAML list, and the learning-rate schedule (for logging)."""
     schedule = instantiate(cfg.schedule) if cfg.schedule is not None else optax.constant_schedule(cfg.lr)
     transforms = []
     for i, node in enumerate(cfg.chain):
@@ -66,12 +66,11 @@ def make_optimizer(cfg: Any, grad_accum: int) -> tuple[optax.GradientTransformat
             ) from exc
     if not transforms:
         raise ConfigError("'optimizer.chain' is empty: list at least one Optax transform.")
-    tx = optax.chain(*transforms)
-    return (optax.MultiSteps(tx, every_k_schedule=grad_accum) if grad_accum > 1 else tx), schedule
+    return optax.chain(*transforms), schedule
 
 
 def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | None,
-               wandb_id: str | None = None) -> list[Sink]:
+               wandb_id: str | None = None) -> tuple[Sink, ...]:
     """Loggers from the `logger` group (metrics.jsonl, console, wandb)."""
     log = cfg.logger
     sinks: list[Sink] = [ConsoleSink(cfg.trainer.steps, progress=log.progress)]
@@ -82,7 +81,7 @@ def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | Non
 
         config = OmegaConf.to_container(cfg, resolve=True)
         sinks.append(WandbSink(log, run_dir, config, group=group, run_id=wandb_id, name=name))
-    return sinks
+    return tuple(sinks)
 
 
 def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:
@@ -111,11 +110,6 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     mesh, rules = make_mesh(cfg.mesh, devices), logical_rules(cfg.mesh)
     check_layout(mesh, rules, abstract_model(cfg.model), cfg.model, cfg.data.batch_size)
     algorithm = instantiate(cfg.algorithm, _convert_="all")
-    if cfg.data.kind not in algorithm.data_kinds:
-        raise ConfigError(
-            f"'data.kind'={cfg.data.kind!r} does not fit algorithm={cfg.algorithm.name!r}, which reads "
-            f"{' or '.join(algorithm.data_kinds)} records; pick a matching data option."
-        )
     tokenizer = make_tokenizer(cfg.data.tokenizer)
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise ConfigError(
@@ -126,23 +120,23 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
     batch_size = cfg.data.batch_size // jax.process_count()
     train = Batches(cfg.data, tokenizer, "train", data_seed, batch_size, **shard)
-    evals = Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard).take(cfg.trainer.eval_batches)
+    evals = tuple(Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard).take(cfg.trainer.eval_batches))
     if not evals:
         raise ConfigError(
             f"The eval split holds fewer than data.batch_size={cfg.data.batch_size} records; "
             "add eval data or lower data.batch_size."
         )
+    quant = make_quantization(cfg.quantization, cfg.seed)
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
-        model = apply_quantization(cfg.quantization, initial_model(cfg, abstract), cfg.seed, abstract)
-    tx, schedule = make_optimizer(cfg.optimizer, cfg.trainer.grad_accum)
+        model = quant.apply(initial_model(cfg, abstract), abstract)
+    tx, schedule = make_optimizer(cfg.optimizer)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
-    trains = trainable(cfg.quantization)
     if abstract:
-        return Experiment(cfg, run_dir, mesh, rules, model, trains, tx, schedule, algorithm, tokenizer, train, evals,
+        return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
                           flops, 0.0)
     checkpointer = Checkpointer(cfg, run_dir)
     wandb_id = (checkpointer.latest_meta() or {}).get("wandb_id")  # a resumed run continues its wandb run
     sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
-    return Experiment(cfg, run_dir, mesh, rules, model, trains, tx, schedule, algorithm, tokenizer, train, evals,
+    return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
                       flops, peak_flops_per_device(cfg.hardware, run_dir), sinks, checkpointer, wandb_id)

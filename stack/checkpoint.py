@@ -1,9 +1,10 @@
 """Orbax checkpoint tiers and resume.
 
-One checkpoint step holds everything a resume needs: `state` (params + optimizer state, as
-sharded in training), `data` (the Grain iterator state before the next batch was read) and
-`meta` (step, RNG key data, the resolved config, the math-relevant keys as composed, the
-wandb run id) and, where the algorithm precomputes per-record values before training,
+One checkpoint step holds everything a resume needs: `state` (the TrainState's trained
+params, optimizer state, algorithm state, step and PRNG key, as sharded in training; see
+stack.step), `data` (the Grain iterator state before the next batch was read) and
+`meta` (step, the checkpoint format, the resolved config, the math-relevant keys as composed,
+the wandb run id) and, where the algorithm precomputes per-record values before training,
 `columns` (those tables, so a resume never recomputes them from a policy that has moved). Saves are async (the
 step waits only for the device-to-host copy); Orbax finalises a step atomically, so a step
 killed mid-save is never listed. Restore tries the newest step across all tiers and falls
@@ -32,6 +33,9 @@ FIXED_KEYS = ("model", "algorithm", "optimizer", "quantization", "data", "seed",
 # batches them there, so the worker count decides which records form a batch.)
 FREE_DATA_KEYS = ("read_threads", "prefetch")
 FREE_KEYS = ("optimizer.schedule.total_steps",)  # follows trainer.steps
+# 2: the state is a TrainState (params under `policy/`, step, key, algorithm state; gradient
+# accumulation inside the step). 1 (no `format` in meta): params + optax.MultiSteps state.
+FORMAT = 2
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Tier:
 @dataclass
 class Restored:
     step: int
-    state: Any  # {"params": ..., "opt_state": ...} laid out like the abstract target
+    state: Any  # the TrainState's saved fields, laid out like the abstract target
     data: dict[str, Any]  # the data iterator state
     meta: dict[str, Any]
     where: str
@@ -115,7 +119,7 @@ class Checkpointer:
     def save(self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any],
              tiers: list[Tier] | None = None, block: bool = False, columns: dict[str, Any] | None = None) -> None:
         """Save to `tiers` (default: all); async unless `block`."""
-        meta = {**meta, "step": step, "config": math_config(self.cfg),
+        meta = {**meta, "step": step, "format": FORMAT, "config": math_config(self.cfg),
                 "resolved_config": OmegaConf.to_container(self.cfg, resolve=True)}
         for tier in self.tiers if tiers is None else tiers:
             if step in tier.manager.all_steps():
@@ -154,7 +158,8 @@ class Checkpointer:
         for step, path, manager in self._candidates():
             try:
                 meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-                self._check_config(meta, f"{path}/{step}")  # a changed config is an error, not a bad step
+                check_format(meta, f"{path}/{step}")  # an old layout or a changed config is an
+                self._check_config(meta, f"{path}/{step}")  # error, not a bad step
                 items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
                              meta=ocp.args.JsonRestore())
                 if columns:
@@ -204,6 +209,18 @@ class Checkpointer:
             self._other.close()
 
 
+def check_format(meta: dict[str, Any], where: str) -> None:
+    """Refuse a checkpoint whose state layout this version cannot read."""
+    found = meta.get("format", 1)
+    if found != FORMAT:
+        raise ConfigError(
+            f"Checkpoint {where} has format {found} (params and an optax.MultiSteps optimizer state, "
+            f"written before the trainer redesign); this version resumes format {FORMAT} only (a TrainState "
+            "with step, PRNG key and algorithm state; gradient accumulation inside the step), so its "
+            "optimizer state cannot be read. Start a new run dir (model.init_from=<that checkpoints dir> "
+            "still loads its params), or finish that run with the stack version that wrote it.")
+
+
 def load_params(model: Any, path: str, step: int | None = None) -> int:
     """Overwrite `model`'s params with those of a checkpoints dir (newest step, or `step`).
 
@@ -224,6 +241,8 @@ def load_params(model: Any, path: str, step: int | None = None) -> int:
         raise ConfigError(f"Checkpoint {path}/{step} was trained with quantization.method={method!r}: it holds "
                           "the adapters only, not a full model (merging adapters into the base is not built).")
     saved = r.state["params"]
+    if r.meta.get("format", 1) >= 2:  # the policy's params (extra trained modules sit beside it)
+        saved = saved["policy"]
     for keys, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         node = saved
         for k in (*map(str, keys), "value"):

@@ -2,10 +2,11 @@
 
 For TPU targets the devices come from `jax.experimental.topologies` (compile-only devices
 of `hardware.topology`, made by libtpu: no TPU needed; multi-host slices from one CPU
-process). The experiment is built shape-only on them (`build(..., devices=...)`) and
-`stack.loop.jit_steps`'s train step is lowered for abstract params, optimizer state and
-batch carrying the shardings training uses, then compiled. XLA's memory and cost analyses
-give the per-device footprint (vs the chip's HBM) and FLOPs (vs the chip's peak).
+process). The experiment is built shape-only on them (`build(..., devices=...)`) and the
+programs of `stack.step` that training runs (`update`, the train step, and `collect`) are
+lowered for an abstract TrainState, frozen modules and round of data carrying the
+shardings training uses, then compiled. XLA's memory and cost analyses give the
+per-device footprint (vs the chip's HBM) and FLOPs (vs the chip's peak).
 """
 
 from __future__ import annotations
@@ -15,19 +16,17 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from stack.build import Experiment, build
 from stack.errors import ConfigError
 from stack.hardware import check_platform, train_flops_per_token
-from stack.loop import jit_steps
-from stack.parallel import _on, batch_sharding, opt_state_shardings
-from stack.precompute import columns_fn
+from stack.parallel import batch_sharding
+from stack.step import Programs, TrainState, abstract_frozen, initial_state, make_programs, split_models
 
 GiB = 1024**3
 SINGLE_HOST_CHIPS = {"v5e": 8, "v6e": 8}  # largest one-host slice (v5litepod-8, v6e-8); others 4
@@ -94,49 +93,66 @@ def target_devices(hw: Any) -> list[jax.Device]:
     return list(topo.devices)
 
 
-def _sds(tree: Any, mesh: Any) -> Any:
-    """`tree`'s leaves as ShapeDtypeStructs laid out on `mesh` as training lays them out."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_on(mesh, x)), tree)
-
-
-def abstract_state(exp: Experiment) -> tuple[Any, Any, Any]:
-    """(trained params, optimizer state, the rest of the model's state) as ShapeDtypeStructs
-    with the shardings training uses."""
-    _, params, fixed = nnx.split(exp.model, exp.trainable, ...)
-    opt_shardings = opt_state_shardings(exp.tx, params, exp.mesh)  # eager: not on the target mesh
-    opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                             jax.eval_shape(exp.tx.init, params), opt_shardings)
-    return _sds(params, exp.mesh), opt_state, _sds(fixed, exp.mesh)
-
-
 def bytes_per_device(tree: Any) -> int:
     """Bytes of the largest shard of every ShapeDtypeStruct leaf of `tree`, summed."""
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def lower_and_compile(exp: Experiment, params: Any, opt_state: Any, fixed: Any) -> CompileReport:
-    """AOT-compile `exp`'s train step (`jit_steps`) for abstract inputs and measure it."""
-    mesh, data = exp.mesh, batch_sharding(exp.mesh, exp.rules)
-    on_data = lambda v: jax.ShapeDtypeStruct(  # noqa: E731
-        v.shape, v.dtype, sharding=NamedSharding(mesh, PartitionSpec(*data.spec[:v.ndim])))
-    batch = {k: on_data(v) for k, v in exp.eval_batches[0].items()}
-    frozen = _sds(exp.algorithm.frozen(exp.model), mesh)
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(exp.rules):
-        if exp.algorithm.precomputes:  # the step reads precomputed columns instead of the frozen state
-            columns = jax.eval_shape(columns_fn(exp, nnx.graphdef(exp.model)), params, fixed, batch, frozen)
-            batch, frozen = {**batch, **jax.tree.map(on_data, columns)}, None
-        step_fn, _ = jit_steps(exp, (jax.tree.map(lambda x: x.sharding, params),
-                                     jax.tree.map(lambda x: x.sharding, opt_state)))
-        t0 = time.perf_counter()
-        lowered = step_fn.lower(params, opt_state, fixed, batch, frozen)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
+@dataclass(frozen=True)
+class AbstractRun:
+    """A run's programs with shape-only inputs laid out as training lays them out."""
+
+    programs: Programs
+    state: TrainState  # ShapeDtypeStructs with shardings
+    frozen: Any
+    batch: dict[str, jax.ShapeDtypeStruct]  # one round's data [grad_accum x minibatches, B, ...]
+    xp: dict[str, jax.ShapeDtypeStruct]  # what collect makes of it
+
+
+def abstract_run(exp: Experiment) -> AbstractRun:
+    """The same `stack.step` programs the trainer runs, for abstract state, frozen modules and data."""
+    parts = split_models(exp)
+    state = initial_state(exp, parts, abstract=True)
+    programs = make_programs(exp, parts, jax.tree.map(lambda x: x.sharding, state))
+    sharding = batch_sharding(exp.mesh, exp.rules)
+    reads = exp.cfg.trainer.grad_accum * exp.algorithm.schedule.minibatches
+    batch = {k: jax.ShapeDtypeStruct((reads, *v.shape), v.dtype, sharding=sharding)
+             for k, v in exp.eval_batches[0].items() if v.dtype.kind in "biuf"}
+    frozen = abstract_frozen(exp, parts)
+    collect = lambda s, f, b: programs.collect(s, f, b, True)  # noqa: E731
+    xp = jax.eval_shape(collect, state, frozen, batch)
+    if exp.algorithm.precomputes:  # the columns ride with the data; no frozen modules in training
+        batch, frozen = {**batch, **{k: v for k, v in xp.items() if k not in batch}}, None
+    xp = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding), xp)
+    return AbstractRun(programs, state, frozen, batch, xp)
+
+
+def program_report(lowered: Any) -> CompileReport:
+    """Compile a lowered program and read XLA's memory and cost analyses."""
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - t0
     mem, cost = compiled.memory_analysis(), compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     return CompileReport(mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
                          mem.temp_size_in_bytes, mem.generated_code_size_in_bytes,
-                         getattr(mem, "peak_memory_in_bytes", None), float(cost.get("flops", 0.0)), t1 - t0, t2 - t1)
+                         getattr(mem, "peak_memory_in_bytes", None), float(cost.get("flops", 0.0)), 0.0, seconds)
+
+
+def lower_update(exp: Experiment, r: AbstractRun) -> Any:
+    """The train step (`update`) lowered for `r`'s abstract inputs."""
+    with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
+        return r.programs.update.lower(r.state, r.frozen, r.xp, 0)
+
+
+def lower_and_compile(exp: Experiment, r: AbstractRun) -> tuple[CompileReport, CompileReport]:
+    """AOT-compile `exp`'s update and collect programs for abstract inputs and measure them."""
+    t0 = time.perf_counter()
+    update = lower_update(exp, r)
+    with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
+        collect = r.programs.collect.lower(r.state, r.frozen, r.batch, True)
+    lower_seconds = time.perf_counter() - t0
+    return replace(program_report(update), lower_seconds=lower_seconds), program_report(collect)
 
 
 def _size(b: float, unit: str = "") -> str:
@@ -149,8 +165,29 @@ def _does_not_fit(used: float, hbm: float, why: str = "") -> int:
     return 1
 
 
+def _print_program(name: str, r: CompileReport) -> None:
+    print(f"{name}: arguments {_size(r.argument_bytes)} | outputs {_size(r.output_bytes)} "
+          f"(aliased to donated inputs {_size(r.alias_bytes)}) | temp {_size(r.temp_bytes)} | "
+          f"code {_size(r.code_bytes)}" + (f" | XLA peak {_size(r.xla_peak_bytes)}" if r.xla_peak_bytes else ""))
+
+
+def _print_flops(exp: Experiment, update: CompileReport, collect: CompileReport, n: int) -> None:
+    cfg, hw = exp.cfg, exp.cfg.hardware
+    steps = exp.algorithm.schedule.epochs * exp.algorithm.schedule.minibatches
+    tokens = exp.algorithm.batch_tokens(exp.eval_batches[0]) * cfg.trainer.grad_accum
+    model_flops = train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / n
+    line = f"FLOPs per device per step: {update.flops:.3e} (XLA), {model_flops:.3e} (model formula)"
+    if collect.flops:
+        line += f"; collect: {collect.flops:.3e} per round of {steps} step(s)"
+    if hw.peak_flops_per_chip:
+        per_step = update.flops + collect.flops / steps
+        line += (f"; predicted step time at the peak {hw.peak_flops_per_chip / 1e12:.0f} TFLOP/s: "
+                 f"{per_step / hw.peak_flops_per_chip * 1e3:.3g} ms (100% MFU, a lower bound)")
+    print(line)
+
+
 def compile_for_target(cfg: Any) -> int:
-    """`mode=compile`: print the compiled step's per-device memory, FLOPs and predicted step
+    """`mode=compile`: print the compiled programs' per-device memory, FLOPs and predicted step
     time; return 0 when it fits the chip's HBM (or no HBM size is known), 1 when it does not."""
     hw, hbm = cfg.hardware, cfg.hardware.hbm_bytes_per_chip
     exp = build(cfg, run_dir="", abstract=True, devices=target_devices(hw))
@@ -160,32 +197,28 @@ def compile_for_target(cfg: Any) -> int:
           f"mesh={cfg.mesh.name} {dict(exp.mesh.shape)}, batch {cfg.data.batch_size}x{cfg.data.seq_len}")
     if n < hw.chips:
         print(f"note: mesh={cfg.mesh.name} uses {n} of the {hw.chips} chips; mesh={hw.default_mesh} uses them all")
-    params, opt_state, fixed = abstract_state(exp)
-    state = bytes_per_device((params, opt_state, fixed))
-    print(f"per device: parameters + optimizer state {_size(state)}")
-    if hbm and state > hbm:  # no need to spend minutes compiling
-        return _does_not_fit(state, hbm, " (parameters + optimizer state alone; not compiled)")
+    r = abstract_run(exp)
+    state, frozen = bytes_per_device(r.state), bytes_per_device(r.frozen)
+    print(f"per device: train state (params, optimizer, rest of the model) {_size(state)} | "
+          f"frozen modules {_size(frozen)}")
+    if hbm and state + frozen > hbm:  # no need to spend minutes compiling
+        return _does_not_fit(state + frozen, hbm, " (train state and frozen modules alone; not compiled)")
     try:
-        r = lower_and_compile(exp, params, opt_state, fixed)
+        update, collect = lower_and_compile(exp, r)
     except jax.errors.JaxRuntimeError as exc:  # XLA:TPU refuses programs that exceed HBM
         if "RESOURCE_EXHAUSTED" not in str(exc):
             raise
         print(f"XLA: {str(exc).splitlines()[0]}")
         need = [float(x) * GiB for x in re.findall(r"([\d.]+)G\b", str(exc))[:1]]
         return _does_not_fit(max(need + [state]), hbm or 0, " (the compiler ran out of HBM)")
-    print(f"lower {r.lower_seconds:.1f}s, compile {r.compile_seconds:.1f}s")
-    print(f"per device: arguments {_size(r.argument_bytes)} | outputs {_size(r.output_bytes)} "
-          f"(aliased to donated inputs {_size(r.alias_bytes)}) | temp {_size(r.temp_bytes)} | "
-          f"code {_size(r.code_bytes)}" + (f" | XLA peak {_size(r.xla_peak_bytes)}" if r.xla_peak_bytes else ""))
-    share = f" of {_size(hbm)} HBM ({r.total_bytes / hbm:.0%})" if hbm else " (no HBM size in the config)"
-    print(f"per device total: {_size(r.total_bytes)}{share}")
-    model_flops = train_flops_per_token(cfg.model, cfg.data.seq_len) * exp.algorithm.batch_tokens(exp.eval_batches[0]) / n
-    line = f"FLOPs per device per step: {r.flops:.3e} (XLA), {model_flops:.3e} (model formula)"
-    if hw.peak_flops_per_chip:
-        line += (f"; predicted step time at the peak {hw.peak_flops_per_chip / 1e12:.0f} TFLOP/s: "
-                 f"{r.flops / hw.peak_flops_per_chip * 1e3:.3g} ms (100% MFU, a lower bound)")
-    print(line)
-    if hbm and r.total_bytes > hbm:
-        return _does_not_fit(r.total_bytes, hbm)
-    print(f"fits: {_size(r.total_bytes, 'GiB')} <= {_size(hbm, 'GiB')}" if hbm else "fits: no HBM size to check against")
+    print(f"lower {update.lower_seconds:.1f}s, compile {update.compile_seconds + collect.compile_seconds:.1f}s")
+    _print_program("per device: arguments", update)
+    _print_program("collect (per round): arguments", collect)
+    total = max(update.total_bytes + frozen, collect.total_bytes)  # frozen modules stay resident
+    share = f" of {_size(hbm)} HBM ({total / hbm:.0%})" if hbm else " (no HBM size in the config)"
+    print(f"per device total: {_size(total)}{share}")
+    _print_flops(exp, update, collect, n)
+    if hbm and total > hbm:
+        return _does_not_fit(total, hbm)
+    print(f"fits: {_size(total, 'GiB')} <= {_size(hbm, 'GiB')}" if hbm else "fits: no HBM size to check against")
     return 0

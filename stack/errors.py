@@ -8,6 +8,10 @@ class ConfigError(Exception):
     """A config that cannot run. Its message is shown as is, without a traceback."""
 
 
+class RunFailed(Exception):
+    """A run that stopped for a reason the user must act on (e.g. a NaN loss): one paragraph, exit 1."""
+
+
 class DataError(ConfigError):
     """A data file or record that cannot be used; the message starts with `file:line: `."""
 

@@ -67,9 +67,21 @@ def axis_size(mesh: Mesh, target: Any) -> int:
 
 
 def batch_sharding(mesh: Mesh, rules: tuple[tuple[str, Any], ...]) -> NamedSharding:
-    """Sharding of [batch, length] arrays: batch over the `batch` rule's mesh axes."""
-    table = dict(rules)
-    return NamedSharding(mesh, PartitionSpec(table.get("batch"), table.get("length")))
+    """Sharding of stacked batches [micro-batches, rows, ...]: rows over the `batch` rule's axes."""
+    return NamedSharding(mesh, PartitionSpec(None, dict(rules).get("batch")))
+
+
+def global_batch(rows: list[dict[str, np.ndarray]], sharding: NamedSharding) -> tuple[dict[str, jax.Array],
+                                                                                       dict[str, np.ndarray]]:
+    """The host -> device boundary: this process's batches, stacked [n, rows, ...], as global
+    arrays whose row axis spans every process's rows (`jax.make_array_from_process_local_data`).
+
+    Returns (device arrays, host-only columns): strings (e.g. a prompt's `answer`) stay on the host.
+    """
+    stacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    device = {k: jax.make_array_from_process_local_data(sharding, v)
+              for k, v in stacked.items() if v.dtype.kind in "biuf"}
+    return device, {k: v for k, v in stacked.items() if k not in device}
 
 
 def check_layout(mesh: Mesh, rules: tuple[tuple[str, Any], ...], abstract_model: nnx.Module,
@@ -100,7 +112,7 @@ def check_layout(mesh: Mesh, rules: tuple[tuple[str, Any], ...], abstract_model:
                 )
 
 
-def _on(mesh: Mesh, x: Any) -> NamedSharding:
+def layout_on(mesh: Mesh, x: Any) -> NamedSharding:
     """`x`'s sharding spec on the concrete `mesh` (an abstract model carries an AbstractMesh)."""
     spec = getattr(getattr(x, "sharding", None), "spec", None)
     return NamedSharding(mesh, spec if spec is not None else PartitionSpec())
@@ -111,7 +123,7 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mes
     (counts, factored statistics) replicated. (`jax.jit(tx.init)` alone replicates it all.)"""
     replicated = NamedSharding(mesh, PartitionSpec())
     return optax.tree_map_params(
-        tx, lambda s, p: _on(mesh, p) if s.shape == p.shape else replicated,
+        tx, lambda s, p: layout_on(mesh, p) if s.shape == p.shape else replicated,
         jax.eval_shape(tx.init, params), params, transform_non_params=lambda _: replicated)
 
 

@@ -1,45 +1,43 @@
-"""Per-record columns an algorithm computes once before training (`algorithm.precomputes`).
+"""Per-record columns computed once before training (`algorithm.precomputes`).
 
-E.g. DPO's reference log-probs (`algorithm.precompute_reference=true`): one jitted forward
-pass over every training record, in source order, and over the eval batches. The tables are
-then attached to the data (each row carries its record's entries, `Batches.with_columns`),
-saved in every checkpoint next to the data state, and replace the algorithm's frozen state.
+When what an algorithm's `collect` adds depends only on its frozen modules and the record
+(DPO's reference log-probs with `algorithm.precompute_reference=true`), the trainer runs
+`collect` once over every training record, in source order, and over the eval batches. The
+new columns are attached to the data (each row carries its record's entries whatever the
+shuffle order, `Batches.with_columns`), saved in every checkpoint next to the data state,
+and the frozen modules are dropped: `collect` passes such batches through.
 """
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from stack.data.pipeline import Batches
 from stack.errors import ConfigError
+from stack.parallel import batch_sharding, global_batch
 
 IN_FLIGHT = 4  # batches of the first pass dispatched ahead of the one the host waits for
 
 
-def columns_fn(exp: Any, graphdef: Any) -> Callable:
-    """The pure (params, fixed, batch, frozen) -> {name: per-row array} of `exp`'s algorithm."""
+def _added(programs: Any, state: Any, frozen: Any, batch: dict[str, np.ndarray], sharding: Any,
+           train: bool) -> dict[str, jax.Array]:
+    """The columns `collect` adds to one host batch, per row ([rows, ...])."""
+    device, _ = global_batch([batch], sharding)
+    xp = programs.collect(state, frozen, device, train)
+    return {k: v[0] for k, v in xp.items() if k not in device}
 
-    def columns(params, fixed, batch, frozen):
-        return exp.algorithm.columns(nnx.merge(graphdef, params, fixed), batch, frozen)
 
-    return columns
-
-
-def precompute_columns(exp: Any, graphdef: Any, params: Any, fixed: Any, frozen: Any,
-                       sharding: jax.sharding.Sharding) -> dict[str, dict[str, np.ndarray]]:
+def precompute_columns(exp: Any, programs: Any, state: Any, frozen: Any) -> dict[str, dict[str, np.ndarray]]:
     """{"train": {name: [records, ...]}, "eval": {name: [eval batches, batch, ...]}} from the initial model."""
     if jax.process_count() > 1:  # each process would need its rows of every global batch
         raise ConfigError("algorithm.precompute_reference=true runs its first pass in a single process only "
                           f"(this run has {jax.process_count()}); set it to false for multi-process runs.")
-    start = time.perf_counter()
-    fn = jax.jit(columns_fn(exp, graphdef))
+    start, sharding = time.perf_counter(), batch_sharding(exp.mesh, exp.rules)
     pending = []
     for indices, batch in exp.train_batches.ordered():
-        pending.append((indices, fn(params, fixed, jax.device_put(batch, sharding), frozen)))
+        pending.append((indices, _added(programs, state, frozen, batch, sharding, True)))
         if len(pending) > IN_FLIGHT:  # bounded: XLA:CPU collectives stall with hundreds queued
             jax.block_until_ready(pending[-IN_FLIGHT][1])
     train: dict[str, np.ndarray] = {}
@@ -48,13 +46,13 @@ def precompute_columns(exp: Any, graphdef: Any, params: Any, fixed: Any, frozen:
             if name not in train:  # NaN marks records that were skipped as bad
                 train[name] = np.full((exp.train_batches.records, *value.shape[1:]), np.nan, value.dtype)
             train[name][indices] = value[:len(indices)]
-    evals = jax.device_get([fn(params, fixed, jax.device_put(b, sharding), frozen) for b in exp.eval_batches])
+    evals = jax.device_get([_added(programs, state, frozen, b, sharding, False) for b in exp.eval_batches])
     print(f"precomputed {', '.join(train)} for {exp.train_batches.records} records in "
           f"{time.perf_counter() - start:.1f}s", flush=True)
     return {"train": train, "eval": {name: np.stack([e[name] for e in evals]) for name in evals[0]}}
 
 
-def with_columns(exp: Any, columns: dict[str, dict[str, np.ndarray]]) -> tuple[Batches, list[dict[str, np.ndarray]]]:
+def attach_columns(exp: Any, columns: dict[str, dict[str, np.ndarray]]) -> tuple[Batches, list[dict[str, np.ndarray]]]:
     """`exp`'s train pipeline and eval batches with the precomputed columns attached."""
     saved = min((len(table) for table in columns["eval"].values()), default=0)
     if saved < len(exp.eval_batches):  # a resume with more eval batches than were precomputed

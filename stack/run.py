@@ -1,4 +1,4 @@
-"""Dispatch by `mode`: train (build, loop, run dir, summary line), validate, compile."""
+"""Dispatch by `mode`: train (build, trainer, run dir, summary line), validate, compile."""
 
 import math
 import os
@@ -11,8 +11,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from stack.build import build
-from stack.errors import ConfigError
-from stack.loop import train
+from stack.errors import ConfigError, RunFailed
+from stack.summary import Summary
+from stack.trainer import train
 
 
 def _hydra_context() -> tuple[str | None, str | None, str | None]:
@@ -36,14 +37,20 @@ def check(cfg: DictConfig) -> None:
           f"{tokens:,} tokens per optimizer step, {cfg.trainer.steps} steps on {cfg.hardware.name}")
 
 
-def run(cfg: DictConfig) -> Any:
-    """Run `cfg` per its `mode`; for training return the objective (`trainer.objective`)."""
-    if cfg.mode == "validate":
-        return check(cfg)
-    if cfg.mode == "compile":
-        from stack.compile import compile_for_target  # jax[tpu] (libtpu) is needed only here
+def describe(s: Summary, objective: str) -> str:
+    """The one-line account of a finished run."""
+    resumed = f" (resumed after step {s.first_step - 1})" if s.first_step > 1 else ""
+    perf = s.perf
+    value = s.metric(objective)
+    return (f"done: {s.final_step} steps{resumed} in {perf.get('seconds', 0.0):.1f}s "
+            f"(compile {perf.get('compile_seconds', 0.0):.1f}s) | train/loss {s.train.get('train/loss', math.nan):.4f} | "
+            f"eval/loss {s.eval_at_start.get('eval/loss', math.nan):.4f} -> {s.eval.get('eval/loss', math.nan):.4f} | "
+            f"{perf.get('perf/tokens_per_sec', 0.0):,.0f} tok/s, MFU {perf.get('perf/mfu', 0.0):.1%} | "
+            f"{objective} {value if value is None else f'{value:.4f}'} | {s.run_dir}")
 
-        return compile_for_target(cfg)  # 0: fits, 1: does not fit
+
+def train_run(cfg: DictConfig) -> Summary:
+    """`mode=train`: write the resolved config to the run dir, build, train; the Summary."""
     output_dir, group, name = _hydra_context()
     run_dir = cfg.run_dir or output_dir
     if not run_dir:
@@ -58,22 +65,26 @@ def run(cfg: DictConfig) -> Any:
     finally:
         exp.checkpointer.close()  # the last async save completes before the process ends
         for sink in exp.sinks:
-            sink.close(summary)
-    if summary["preempted"]:
-        print(f"preempted by signal {int(summary['preempted'])} after step {summary['steps']}: checkpoint "
-              "saved; rerun the same command to resume.", flush=True)
-    objective = summary.get(cfg.trainer.objective)
-    resumed = f" (resumed after step {summary['first_step'] - 1})" if summary["first_step"] > 1 else ""
-    if objective is None:
-        raise ConfigError(
-            f"'trainer.objective'={cfg.trainer.objective!r} is not a summary metric; "
-            f"available: {', '.join(sorted(summary))}."
-        )
-    print(
-        f"done: {summary['steps']} steps{resumed} in {summary['seconds']:.1f}s "
-        f"(compile {summary['compile_seconds']:.1f}s) | train/loss {summary.get('train/loss', float('nan')):.4f} | "
-        f"eval/loss {summary['eval/loss_at_start']:.4f} -> {summary['eval/loss']:.4f} | "
-        f"{summary['perf/tokens_per_sec']:,.0f} tok/s, MFU {summary['perf/mfu']:.1%} | {cfg.trainer.objective} {objective:.4f} | {run_dir}",
-        file=sys.stdout,
-    )
+            sink.close(summary.metrics() if summary else None)
+    return summary
+
+
+def run(cfg: DictConfig) -> Any:
+    """Run `cfg` per its `mode`; for training return the objective (`trainer.objective`)."""
+    if cfg.mode == "validate":
+        return check(cfg)
+    if cfg.mode == "compile":
+        from stack.compile import compile_for_target  # jax[tpu] (libtpu) is needed only here
+
+        return compile_for_target(cfg)  # 0: fits, 1: does not fit
+    summary = train_run(cfg)
+    if summary.status == "preempted":
+        print(f"{summary.message}: checkpoint saved; rerun the same command to resume.", flush=True)
+    objective = summary.metric(cfg.trainer.objective)
+    if objective is None and summary.status == "completed":
+        raise ConfigError(f"'trainer.objective'={cfg.trainer.objective!r} is not a metric of the run; "
+                          f"available: {', '.join(sorted(summary.metrics()))}.")
+    print(describe(summary, cfg.trainer.objective), file=sys.stdout)
+    if summary.status == "stopped_nonfinite":
+        raise RunFailed(summary.message)
     return objective

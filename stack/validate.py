@@ -55,14 +55,18 @@ def validate(cfg: DictConfig) -> None:
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
     _check_quantization(cfg.quantization)
-    if cfg.algorithm.name == "dpo":
-        _check_dpo(cfg.algorithm)
-        if cfg.algorithm.reference.init_from and cfg.quantization.method == "lora":
-            raise ConfigError(
-                f"'algorithm.reference.init_from'={cfg.algorithm.reference.init_from!r} cannot be combined "
-                "with quantization.method=lora: with LoRA the reference is the base model with its "
-                "adapters off. Drop one of the two.")
+    _check_algorithm(cfg)
     check_targets(cfg, tuple(cfg.allow_targets))
+
+
+def _check_algorithm(cfg: DictConfig) -> None:
+    """The algorithm's own rules and the data it reads, as its schema states them."""
+    schema = OmegaConf.get_type(cfg.algorithm)
+    if cfg.data.kind not in schema.data_kinds:
+        raise ConfigError(
+            f"'data.kind'={cfg.data.kind!r} does not fit algorithm={cfg.algorithm.name!r}, which reads "
+            f"{' or '.join(schema.data_kinds)} records; pick a matching data option.")
+    schema.check(cfg.algorithm, cfg)
 
 
 def _check_data(d: DictConfig) -> None:
@@ -88,17 +92,6 @@ def _check_data(d: DictConfig) -> None:
     for key in ("workers", "read_threads", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"'data.{key}'={d[key]} must be >= 0.")
-
-
-def _check_dpo(a: DictConfig) -> None:
-    if a.loss_type not in ("sigmoid", "hinge", "ipo", "robust"):
-        raise bad_choice("algorithm.loss_type", a.loss_type, ("sigmoid", "hinge", "ipo", "robust"))
-    if not a.beta > 0:
-        raise ConfigError(f"'algorithm.beta'={a.beta} must be > 0.")
-    if not 0.0 <= a.label_smoothing < 0.5:
-        raise ConfigError(f"'algorithm.label_smoothing'={a.label_smoothing} must be in [0, 0.5).")
-    if a.label_smoothing and a.loss_type not in ("sigmoid", "robust"):
-        raise ConfigError(f"'algorithm.label_smoothing' applies to loss_type sigmoid or robust, not {a.loss_type!r}.")
 
 
 QTYPES = ("nf4", "int8", "int4")

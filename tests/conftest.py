@@ -1,19 +1,45 @@
-"""Shared fixtures: compose configs with the Compose API; run the CLI in a subprocess."""
+"""Shared test scaffolding: composing configs, the shrink overrides, reading metrics.jsonl,
+fake devices, capturing logged rows, running the CLI (integration tests only)."""
 
+import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Few steps, one small eval, metrics.jsonl only: the shrink every test run starts from.
+QUICK = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl",
+         "data.batch_size=8"]
+
+
+def fake_devices(n: int = 8) -> dict[str, str]:
+    """Environment of a subprocess whose jax sees `n` CPU devices."""
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+
 
 def make_cfg(overrides: list[str] = ()):
     """The composed config for `overrides` (as `python -m stack` would compose it)."""
     with initialize_config_module("stack.conf", version_base=None):
         return compose("config", overrides=list(overrides))
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The rows of a run's metrics.jsonl."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_losses(run_dir) -> dict[int, float]:
+    """step -> train/loss of a run (each step logged once)."""
+    rows = [r for r in read_metrics(run_dir) if "train/loss" in r]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {r["step"]: r["train/loss"] for r in rows}
 
 
 def run_cli(args: list[str], cwd: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -35,6 +61,21 @@ class FixedLogits:
         return self.logits
 
 
+def models(policy, **others):
+    """What an algorithm's functions receive as `models` / `frozen`: modules by name."""
+    return SimpleNamespace(policy=policy, **others)
+
+
+def loss_of(algorithm, policy, batch, frozen=None, state=()):
+    """(loss value, metrics) of `algorithm.loss` on one micro-batch."""
+    import jax
+
+    from stack.algorithms.base import ratio
+
+    terms, metrics = algorithm.loss(models(policy), batch, frozen, state, jax.random.key(0))
+    return ratio(terms), metrics
+
+
 class Capture:
     """A sink that keeps every logged row as {"step": N, **metrics}."""
 
@@ -44,8 +85,19 @@ class Capture:
     def log(self, step, metrics):
         self.rows.append({"step": step, **metrics})
 
+    def rewind(self, step):
+        self.rows = [r for r in self.rows if r["step"] <= step]
+
     def close(self, summary=None):
         pass
+
+
+def captured(exp):
+    """`exp` logging into a Capture sink only: (experiment, sink)."""
+    from dataclasses import replace
+
+    sink = Capture()
+    return replace(exp, sinks=(sink,)), sink
 
 
 @pytest.fixture

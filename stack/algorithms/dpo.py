@@ -14,28 +14,29 @@
   rewards/rejected likewise, rewards/margins their difference, rewards/accuracies the
   fraction with chosen reward strictly above rejected, logps/chosen, logps/rejected.
 
-The reference is one of:
+The reference's log-probs are computed in `collect` (one forward per micro-batch, no
+gradient) and read by the loss from the experience (`ref_logps`, [batch, 2]). The reference:
 - a frozen copy of the initial policy (the default; `model.init_from` sets both);
 - `reference.init_from`: the params of another stack run (a checkpoints dir);
-- with LoRA (`quantization.method=lora`): the policy itself with its adapters off (LoRA params
-  zeroed inside the step), so no second copy of the base weights exists (not combinable
-  with `reference.init_from`).
-With `precompute_reference=true` the reference log-probs of every record are computed once
-before training (stack.precompute), stored with the data state in each checkpoint, and read
-from the batch (`ref_logps`, [batch, 2]); no reference model is kept or run during training.
+- the quantization provider's base view when it has one (LoRA: the policy with its adapters
+  off), so no second copy of the base weights exists (not combinable with `reference.init_from`).
+With `precompute_reference=true` the trainer runs `collect` once over every record before
+training (stack.precompute) and stores `ref_logps` with the data state in each checkpoint;
+no reference model is kept or run during training.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from stack.algorithms.base import Metrics
+from stack.algorithms.base import Batch, Metrics, Schedule, Setup, Terms, loss_metrics, map_micro, real_tokens
 from stack.errors import ConfigError
+from stack.schema.algorithm import DPOConfig
 
-LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust")
+LOSS_TYPES = DPOConfig.loss_types
 
 
 def dpo_loss(policy_c: jax.Array, policy_r: jax.Array, ref_c: jax.Array, ref_r: jax.Array, beta: float,
@@ -60,7 +61,12 @@ def sequence_logps(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tu
     return (token_logps * mask).sum(-1), mask.sum(-1)
 
 
-def _logps(model: nnx.Module, flat: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+def _fold(batch: Batch) -> Batch:
+    """[B, 2, ...] pairs -> [2B, ...] rows: c0, r0, c1, r1, ..."""
+    return {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
+
+
+def _logps(model: nnx.Module, flat: Batch) -> tuple[jax.Array, jax.Array]:
     """(sequence log-prob, completion tokens) of each row of a folded [2B, T] batch."""
     logits = model(flat["inputs"], positions=flat.get("positions"), segment_ids=flat.get("segment_ids"))
     return sequence_logps(logits, flat["targets"], flat["loss_mask"].astype(jnp.float32))
@@ -69,7 +75,9 @@ def _logps(model: nnx.Module, flat: dict[str, jax.Array]) -> tuple[jax.Array, ja
 class DPO:
     """Batches are preference pairs: every key shaped [batch, 2 (chosen, rejected), seq]."""
 
-    data_kinds = ("preference",)
+    data_kinds = DPOConfig.data_kinds
+    schedule = Schedule()
+    score = None
 
     def __init__(self, name: str = "dpo", beta: float = 0.1, loss_type: str = "sigmoid",
                  label_smoothing: float = 0.0, sft_weight: float = 0.0, reference: dict[str, Any] | None = None,
@@ -78,63 +86,59 @@ class DPO:
         self.label_smoothing, self.sft_weight = label_smoothing, sft_weight
         self.reference_init_from = (reference or {}).get("init_from")
         self.precomputes = precompute_reference
-        self._graphdef = self._rest = None
+        self._base_view: Callable[[nnx.Module], nnx.Module] | None = None
 
-    def frozen(self, model: nnx.Module) -> Any:
-        """The reference params: a copy of the initial policy's (or loaded from reference.init_from);
-        None for a LoRA policy, whose reference is itself with the adapters off."""
-        if jax.tree.leaves(nnx.state(model, nnx.LoRAParam)):
+    def setup(self, policy: nnx.Module, quant: Any) -> Setup:
+        """The frozen reference: a copy of the initial policy (or `reference.init_from`'s params),
+        or none when the quantization provider gives the base view (LoRA: adapters off)."""
+        if quant.base is not None:
             if self.reference_init_from:
                 raise ConfigError("'algorithm.reference.init_from' cannot be combined with LoRA "
                                   "(quantization.method=lora): the reference is the base model with adapters off.")
-            return None
-        self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
-        copy = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
+            self._base_view = quant.base
+            return Setup()
+        graphdef, state = nnx.split(policy)
+        copy = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, state)
+        reference = nnx.merge(graphdef, copy)
         shape_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(copy))  # mode=compile
         if self.reference_init_from and not shape_only:
             from stack.checkpoint import load_params
 
-            reference = nnx.merge(self._graphdef, copy, self._rest)
             load_params(reference, self.reference_init_from)
-            copy = nnx.state(reference, nnx.Param)
-        return copy
+        return Setup(frozen={"reference": reference})
 
-    def reference(self, model: nnx.Module, frozen: Any) -> nnx.Module:
-        """The reference model: from its frozen params, or (None) `model` with its LoRA adapters zeroed."""
-        if frozen is not None:
-            return nnx.merge(self._graphdef, jax.lax.stop_gradient(frozen), self._rest)
-        graphdef, adapters, rest = nnx.split(model, nnx.LoRAParam, ...)
-        return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, adapters), rest)
+    def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
+                train: bool) -> Batch:
+        """The batch plus the reference's sequence log-probs `ref_logps` [n, B, 2] (unless precomputed)."""
+        if "ref_logps" in batch:
+            return batch
+        reference = frozen.reference if frozen is not None else self._base_view(models.policy)
+        ref = map_micro(lambda b: _logps(reference, _fold(b))[0].reshape(-1, 2), batch)
+        return {**batch, "ref_logps": jax.lax.stop_gradient(ref)}
 
-    def columns(self, model: nnx.Module, batch: dict[str, jax.Array], frozen: Any) -> dict[str, jax.Array]:
-        """The reference's sequence log-probs of each pair, `ref_logps` [batch, 2 (chosen, rejected)]."""
-        flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
-        ref, _ = _logps(self.reference(model, frozen), flat)
-        return {"ref_logps": ref.reshape(-1, 2)}
+    def finalize(self, xp: Batch, scores: Any, state: Any) -> tuple[Batch, Any, Metrics]:
+        return xp, state, real_tokens(xp)
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         return int(batch["inputs"].size)
 
-    def loss(self, model: nnx.Module, batch: dict[str, jax.Array], frozen: Any) -> tuple[jax.Array, Metrics]:
-        flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}  # [2B, T]: c0, r0, c1, r1, ...
-        policy, tokens = _logps(model, flat)
-        if "ref_logps" in flat:  # precomputed before training (stack.precompute)
-            ref = flat["ref_logps"]
-        else:
-            ref = _logps(self.reference(model, frozen), flat)[0]
-        ref = jax.lax.stop_gradient(ref)
+    def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
+        """Terms: (Σ pair losses, n pairs), and with `sft_weight` (weight × Σ chosen NLL, chosen tokens)."""
+        flat = _fold({k: v for k, v in batch.items() if k != "ref_logps"})  # [2B, T]: c0, r0, c1, r1, ...
+        policy, tokens = _logps(models.policy, flat)
+        ref = batch["ref_logps"].reshape(-1)
         if self.loss_type == "ipo":  # length-normalised log-ratios
             policy_n, ref_n = policy / jnp.maximum(tokens, 1.0), ref / jnp.maximum(tokens, 1.0)
         else:
             policy_n, ref_n = policy, ref
-        pc, pr = policy_n[0::2], policy_n[1::2]
-        rc, rr = ref_n[0::2], ref_n[1::2]
+        pc, pr, rc, rr = policy_n[0::2], policy_n[1::2], ref_n[0::2], ref_n[1::2]
         losses = dpo_loss(pc, pr, rc, rr, self.beta, self.loss_type, self.label_smoothing)
-        loss = losses.mean()
+        num, den = losses.sum(), jnp.asarray(losses.shape[0], jnp.float32)
         if self.sft_weight:
-            loss = loss + self.sft_weight * (-policy[0::2].sum() / jnp.maximum(tokens[0::2].sum(), 1.0))
+            num = jnp.stack([num, -self.sft_weight * policy[0::2].sum()])
+            den = jnp.stack([den, tokens[0::2].sum()])
         chosen, rejected = self.beta * (pc - rc), self.beta * (pr - rr)
-        return loss, {
+        return (num, den), {
             "rewards/chosen": chosen.mean(),
             "rewards/rejected": rejected.mean(),
             "rewards/margins": (chosen - rejected).mean(),
@@ -143,3 +147,5 @@ class DPO:
             "logps/rejected": policy[1::2].mean(),
         }
 
+    def evaluate(self, models: nnx.Module, xp: Batch, scores: Any, frozen: Any, state: Any) -> Metrics:
+        return loss_metrics(self.loss, models, xp, frozen, state)

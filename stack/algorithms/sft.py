@@ -7,33 +7,46 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from stack.algorithms.base import Metrics
+from stack.algorithms.base import Batch, Metrics, Schedule, Setup, Terms, loss_metrics, real_tokens
+from stack.schema.algorithm import SFTConfig
 
 
 class SFT:
     """Batches carry `inputs`, `targets` and `loss_mask` (1 on completion tokens).
 
-    `loss_reduction="mean"` divides the masked token NLL sum by the number of masked
-    tokens in the (micro-)batch; `"sum"` returns the sum.
+    `loss_reduction="mean"`: the masked token NLL summed, divided by the number of masked
+    tokens of the whole minibatch (however it is split into micro-batches); `"sum"`: the
+    sum per micro-batch, averaged over micro-batches.
     """
 
-    data_kinds = ("sft", "text")
+    data_kinds = SFTConfig.data_kinds
+    schedule = Schedule()
     precomputes = False
+    score = None
 
     def __init__(self, name: str = "sft", loss_reduction: str = "mean"):
         self.name, self.loss_reduction = name, loss_reduction
 
-    def frozen(self, model: nnx.Module) -> None:
-        return None
+    def setup(self, policy: nnx.Module, quant: Any) -> Setup:
+        return Setup()
 
-    def batch_tokens(self, batch: dict[str, Any]) -> int:
-        return int(batch["inputs"].size)
+    def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
+                train: bool) -> Batch:
+        return batch
 
-    def loss(self, model: nnx.Module, batch: dict[str, jax.Array], frozen: Any = None) -> tuple[jax.Array, Metrics]:
-        logits = model(batch["inputs"], positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
+    def finalize(self, xp: Batch, scores: Any, state: Any) -> tuple[Batch, Any, Metrics]:
+        return xp, state, real_tokens(xp)
+
+    def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
+        logits = models.policy(batch["inputs"], positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
         mask = batch["loss_mask"].astype(jnp.float32)
         tokens = mask.sum()
-        total = (nll * mask).sum()
-        loss = total / jnp.maximum(tokens, 1.0) if self.loss_reduction == "mean" else total
-        return loss, {"loss_tokens": tokens}
+        den = tokens if self.loss_reduction == "mean" else jnp.ones(())
+        return ((nll * mask).sum(), den), {"loss_tokens": tokens}
+
+    def evaluate(self, models: nnx.Module, xp: Batch, scores: Any, frozen: Any, state: Any) -> Metrics:
+        return loss_metrics(self.loss, models, xp, frozen, state)
+
+    def batch_tokens(self, batch: dict[str, Any]) -> int:
+        return int(batch["inputs"].size)

@@ -14,7 +14,9 @@ class Sink(Protocol):
         """A resumed run continues after `step`: forget what was logged after it."""
         ...
 
-    def close(self, summary: dict[str, float] | None = None) -> None: ...
+    def close(self, summary: dict[str, float] | None = None) -> None:
+        """Flush and release; `summary`: the run's final metrics by name (Summary.metrics())."""
+        ...
 
 
 class JsonlSink:

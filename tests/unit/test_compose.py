@@ -30,15 +30,25 @@ def test_all_nine_groups_have_options():
 
 # options with a key the user must set (the error names it)
 REQUIRED = {("checkpoint", "persistent"): "checkpoint.path", ("checkpoint", "multi_tier"): "checkpoint.persistent.path"}
+# options that need a partner from another group (the error without it names the mismatch)
+PARTNER = {("algorithm", "dpo"): "data=jsonl_prefs", ("data", "jsonl_prefs"): "algorithm=dpo"}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)
 def test_every_option_composes_typed_and_valid(group, option):
-    required = REQUIRED.get((group, option))
+    required, partner = REQUIRED.get((group, option)), PARTNER.get((group, option))
     if required:
         with pytest.raises(ConfigError, match=f"'{required}' is required"):
             validate(make_cfg([f"{group}={option}"]))
-    cfg = make_cfg([f"{group}={option}"] + ([f"{required}=/tmp/durable"] if required else []))
+    if partner:
+        with pytest.raises(ConfigError, match="'data.kind'=.* does not fit algorithm="):
+            validate(make_cfg([f"{group}={option}"]))
+    if (group, option) == ("data", "jsonl_prompts"):  # no algorithm of this version reads prompts
+        with pytest.raises(ConfigError, match="'data.kind'='prompt' does not fit algorithm='sft'"):
+            validate(make_cfg([f"{group}={option}"]))
+        return
+    cfg = make_cfg([f"{group}={option}"] + ([f"{required}=/tmp/durable"] if required else [])
+                   + ([partner] if partner else []))
     node = cfg[group]
     assert node.name == option
     assert OmegaConf.get_type(node).__name__.endswith("Config"), "the option is not typed by its schema"

@@ -11,7 +11,7 @@ import pytest
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
 from stack.errors import ConfigError, DataError
-from tests.conftest import make_cfg
+from tests.conftest import loss_of, make_cfg
 
 TOK = ByteTokenizer()
 
@@ -118,8 +118,8 @@ def test_packed_loss_equals_unpacked_loss(tmp_path):
     n = int(packed["segment_ids"].max(axis=1).sum())  # the examples in the packed rows
     plain = next(iter(Batches(dict_cfg(cfg.data, packing=False), TOK, "train", 0, n)))
     sft = SFT(loss_reduction="sum")
-    got = float(sft.loss(model, jax.tree.map(np.asarray, packed))[0])
-    want = float(sft.loss(model, plain)[0])
+    got = float(loss_of(sft, model, jax.tree.map(np.asarray, packed))[0])
+    want = float(loss_of(sft, model, plain)[0])
     assert got == pytest.approx(want, rel=1e-5)
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
 from stack.models.llama import init_model
-from tests.conftest import FixedLogits, make_cfg
+from stack.quant import NoQuantization
+from tests.conftest import FixedLogits, loss_of, make_cfg, models
 
 
 def log_sigmoid(x):
@@ -63,19 +64,17 @@ def hand_logps(logits, batch):
     return np.array(out)
 
 
-class StandIn(DPO):
-    """DPO whose reference forward returns fixed logits."""
-
-    def __init__(self, ref_logits, **kw):
-        super().__init__(**kw)
-        self.ref_logits = ref_logits
-
-    def reference(self, model, frozen):
-        return FixedLogits(self.ref_logits)
+def experience(dpo: DPO, batch: dict, policy, reference) -> dict:
+    """DPO's `collect` on one micro-batch: the batch plus the reference's `ref_logps`."""
+    stacked = jax.tree.map(lambda x: jnp.asarray(x)[None], batch)
+    xp = dpo.collect(models(policy), models(None, reference=reference), (), stacked, jax.random.key(0), True)
+    return jax.tree.map(lambda x: x[0], xp)
 
 
 def run_loss(kw: dict, batch, policy_logits, ref_logits):
-    return StandIn(ref_logits, **kw).loss(FixedLogits(policy_logits), jax.tree.map(jnp.asarray, batch), frozen={})
+    dpo = DPO(**kw)
+    xp = experience(dpo, batch, FixedLogits(policy_logits), FixedLogits(ref_logits))
+    return loss_of(dpo, FixedLogits(policy_logits), xp)
 
 
 def test_sequence_logps_sum_completion_tokens_only():
@@ -110,8 +109,10 @@ def test_precomputed_ref_logps_in_the_batch_replace_the_reference_forward(loss_t
     got, got_m = run_loss(dict(loss_type=loss_type), given, policy, ref * 0 + 100.0)  # the forward is not used
     assert float(got) == pytest.approx(float(want), rel=1e-5)
     assert float(got_m["rewards/margins"]) == pytest.approx(float(want_m["rewards/margins"]), rel=1e-5)
-    cols = StandIn(ref).columns(None, jax.tree.map(jnp.asarray, batch), None)["ref_logps"]
+    cols = experience(DPO(), batch, None, FixedLogits(ref))["ref_logps"]
     np.testing.assert_allclose(np.asarray(cols), given["ref_logps"], rtol=1e-5)
+    passed = experience(DPO(), given, None, None)  # precomputed: collect passes the batch through
+    np.testing.assert_array_equal(np.asarray(passed["ref_logps"]), given["ref_logps"])
 
 
 def test_ipo_normalises_by_completion_length():
@@ -147,10 +148,11 @@ def test_policy_equal_to_reference_gives_ln2_on_a_real_model():
     cfg = make_cfg(["algorithm=dpo", "data=jsonl_prefs"])
     model = init_model(cfg.model, 0)
     dpo = DPO()
-    frozen = dpo.frozen(model)
+    reference = dpo.setup(model, NoQuantization()).frozen["reference"]
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, 200, size=(4, 2, 16)).astype(np.int32)
     mask = (rng.random((4, 2, 16)) > 0.5).astype(np.float32)
-    loss, m = dpo.loss(model, {"inputs": tokens, "targets": tokens, "loss_mask": mask}, frozen)
+    xp = experience(dpo, {"inputs": tokens, "targets": tokens, "loss_mask": mask}, model, reference)
+    loss, m = loss_of(dpo, model, xp)
     assert float(loss) == pytest.approx(0.6931471824645996, abs=1e-6)
     assert float(m["rewards/accuracies"]) == 0.0 and float(m["rewards/margins"]) == 0.0

@@ -9,21 +9,19 @@ from flax import nnx
 from stack.algorithms.dpo import DPO, sequence_logps
 from stack.build import build
 from stack.errors import ConfigError
-from stack.loop import train
 from stack.models.llama import init_model
-from stack.quant import apply_quantization
+from stack.quant import make_quantization
+from stack.trainer import Trainer
 from stack.validate import validate
-from tests.conftest import make_cfg
+from tests.conftest import QUICK, loss_of, make_cfg, models
 
 LORA = ["quantization=lora", "quantization.rules.0.rank=4", "quantization.rules.0.alpha=12.0"]
 QLORA = ["quantization=qlora_nf4", "quantization.rules.0.tile_size=16"]
-SMALL = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl",
-         "data.batch_size=8"]
 
 
 def lora_model(overrides, seed=0):
     cfg = make_cfg(overrides)
-    return cfg, apply_quantization(cfg.quantization, init_model(cfg.model, seed), seed)
+    return cfg, make_quantization(cfg.quantization, seed).apply(init_model(cfg.model, seed))
 
 
 def random_adapters(model, seed=1):
@@ -74,15 +72,21 @@ def test_qlora_stores_4bit_base_weights_and_stays_close_to_float():
 def test_dpo_reference_with_lora_is_the_base_model_without_a_copy():
     cfg, model = lora_model(LORA + ["algorithm=dpo", "data=jsonl_prefs"])
     dpo = DPO(beta=0.1)
-    assert dpo.frozen(model) is None  # no second copy of the weights
+    assert dpo.setup(model, make_quantization(cfg.quantization, 0)).frozen == {}  # no second copy
     x = tokens(shape=(3, 2, 16))
     mask = (np.random.default_rng(2).random((3, 2, 16)) > 0.3).astype(np.float32)
     batch = {"inputs": x, "targets": x, "loss_mask": mask}
-    loss, _ = dpo.loss(model, batch, None)
+
+    def dpo_loss(model):
+        stacked = jax.tree.map(lambda v: jnp.asarray(v)[None], batch)
+        xp = dpo.collect(models(model), None, (), stacked, jax.random.key(0), True)
+        return loss_of(dpo, model, jax.tree.map(lambda v: v[0], xp))
+
+    loss, _ = dpo_loss(model)
     assert float(loss) == pytest.approx(0.6931471824645996, abs=1e-6)  # B = 0: policy == reference
 
     random_adapters(model)
-    _, m = dpo.loss(model, batch, None)
+    _, m = dpo_loss(model)
     base = init_model(cfg.model, 0)  # an independent model without adapters
     flat = lambda k: batch[k].reshape(6, 16)  # noqa: E731
     ref, _ = sequence_logps(base(flat("inputs")), flat("targets"), flat("loss_mask"))
@@ -94,18 +98,19 @@ def test_dpo_reference_with_lora_is_the_base_model_without_a_copy():
 
 @pytest.mark.parametrize("quant", [LORA, QLORA], ids=["lora", "qlora"])
 def test_training_moves_only_the_adapters(tmp_path, quant):
-    cfg = make_cfg(["+recipe=llama_dpo", "trainer.steps=3", "checkpoint=none", f"run_dir={tmp_path}", *SMALL, *quant])
+    cfg = make_cfg(["+recipe=llama_dpo", "trainer.steps=3", "checkpoint=none", f"run_dir={tmp_path}", *QUICK, *quant])
     exp = build(cfg, str(tmp_path))
     before = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(exp.model)))
-    train(exp)
-    after = nnx.to_pure_dict(nnx.state(exp.model))
-    lora = nnx.to_pure_dict(nnx.state(exp.model, nnx.LoRAParam))
+    trainer = Trainer(exp)
+    trainer.run()
+    after = nnx.to_pure_dict(nnx.state(trainer.policy()))
+    lora = nnx.to_pure_dict(nnx.state(trainer.policy(), nnx.LoRAParam))
     moved = jax.tree_util.tree_leaves_with_path(jax.tree.map(lambda a, b: bool((np.asarray(a) != b).any()), after, before))
     moved_names = {jax.tree_util.keystr(p) for p, changed in moved if changed}
     assert moved_names and all("lora_b" in n or "lora_a" in n for n in moved_names), moved_names
     assert any("lora_b" in n for n in moved_names)
     n_lora = sum(x.size for x in jax.tree.leaves(lora))
-    n_opt = sum(x.size for x in jax.tree.leaves(exp.opt_state) if x.ndim)
+    n_opt = sum(x.size for x in jax.tree.leaves(trainer.state.opt_state) if x.ndim)
     assert n_opt == 2 * n_lora  # Adam's mu and nu for the adapters only
 
 
@@ -121,7 +126,6 @@ def test_bad_lora_configs_fail_with_the_key():
                            "algorithm.reference.init_from=/tmp/x"]))
     cfg = make_cfg(["quantization=qlora_nf4"])  # tile 64 does not divide llama_tiny's d_ff=176
     with pytest.raises(ConfigError, match=r"tile_size'=\[64\] does not divide"):
-        apply_quantization(cfg.quantization, init_model(cfg.model, 0), 0)
-    cfg = make_cfg(["quantization=lora", "quantization.rules.0.module_path=.*qproj"])
+        lora_model(["quantization=qlora_nf4"])
     with pytest.raises(ConfigError, match=r"matches no layer.*layers/0/attn/q_proj"):
-        apply_quantization(cfg.quantization, init_model(cfg.model, 0), 0)
+        lora_model(["quantization=lora", "quantization.rules.0.module_path=.*qproj"])

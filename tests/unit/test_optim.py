@@ -44,7 +44,7 @@ def test_decay_mask_skips_norms_embeddings_biases():
 
 def test_adamw_chain_equals_optax_adamw():
     cfg = make_cfg(["optimizer=adamw", "trainer.steps=10"])
-    tx, schedule = make_optimizer(cfg.optimizer, grad_accum=1)
+    tx, schedule = make_optimizer(cfg.optimizer)
     o = cfg.optimizer
     ref = optax.chain(
         optax.clip_by_global_norm(o.clip_norm),
@@ -59,7 +59,7 @@ def test_first_adamw_step_by_hand():
     """Step 1 of Adam is g / (|g| + eps) = sign(g); decoupled decay adds wd * p (masked)."""
     cfg = make_cfg(["optimizer=adamw", "optimizer.warmup_steps=0", "optimizer.clip_norm=1e9",
                     "optimizer.lr=0.01", "optimizer.weight_decay=0.5"])
-    tx, _ = make_optimizer(cfg.optimizer, grad_accum=1)
+    tx, _ = make_optimizer(cfg.optimizer)
     p, g = params(), grads_at(0)
     updates, _ = tx.update(g, tx.init(p), p)
     kernel, grad = np.asarray(p["lm_head"]["kernel"]), np.asarray(g["lm_head"]["kernel"])
@@ -82,7 +82,7 @@ def test_warmup_cosine_schedule_values():
 @pytest.mark.parametrize("name", ["sgd", "adafactor", "adamw"])
 def test_each_optimizer_minimises_a_quadratic(name):
     cfg = make_cfg([f"optimizer={name}", "trainer.steps=200", "optimizer.warmup_steps=0", "optimizer.lr=0.05"])
-    tx, _ = make_optimizer(cfg.optimizer, grad_accum=1)
+    tx, _ = make_optimizer(cfg.optimizer)
     p = {"w": jnp.full((4, 4), 3.0)}
     state = tx.init(p)
     loss = lambda q: jnp.sum(q["w"] ** 2)  # noqa: E731
@@ -95,4 +95,4 @@ def test_each_optimizer_minimises_a_quadratic(name):
 def test_bad_chain_key_is_a_clear_error():
     cfg = make_cfg(["optimizer=adamw", "+optimizer.chain.1.betas=0.9"])
     with pytest.raises(ConfigError, match=r"optimizer\.chain\.1.*scale_by_adam"):
-        make_optimizer(cfg.optimizer, grad_accum=1)
+        make_optimizer(cfg.optimizer)

@@ -10,9 +10,9 @@ from stack.build import build
 from stack.errors import ConfigError
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
-from stack.loop import train
-from stack.precompute import with_columns
-from tests.conftest import Capture, make_cfg
+from stack.precompute import attach_columns
+from stack.trainer import train
+from tests.conftest import captured, make_cfg
 
 TOK = ByteTokenizer()
 N = 37  # not a multiple of the batch size: the first pass pads its last batch
@@ -59,8 +59,7 @@ RUN = ["+recipe=llama_dpo", "trainer.steps=6", "trainer.log_every=1", "trainer.e
 
 def run(tmp_path, overrides):
     tmp_path.mkdir()
-    exp = build(make_cfg(RUN + overrides + [f"run_dir={tmp_path}"]), str(tmp_path))
-    exp.sinks = [cap := Capture()]
+    exp, cap = captured(build(make_cfg(RUN + overrides + [f"run_dir={tmp_path}"]), str(tmp_path)))
     train(exp)
     return {(r["step"], k): v for r in cap.rows for k, v in r.items() if k.startswith(("train/", "eval/"))
             and not k.startswith("train/lr")}
@@ -83,7 +82,7 @@ def test_a_resume_with_more_eval_batches_than_were_precomputed_is_refused(tmp_pa
     one = {"train": {"ref_logps": np.zeros((exp.train_batches.records, 2), np.float32)},
            "eval": {"ref_logps": np.zeros((1, n, 2), np.float32)}}
     with pytest.raises(ConfigError, match=r"trainer.eval_batches'=2 .* cover 1 eval batches"):
-        with_columns(exp, one)
+        attach_columns(exp, one)
     two = {**one, "eval": {"ref_logps": np.zeros((2, n, 2), np.float32)}}
-    _, evals = with_columns(exp, two)
+    _, evals = attach_columns(exp, two)
     assert [e["ref_logps"].shape for e in evals] == [(n, 2), (n, 2)]

@@ -9,7 +9,7 @@ from stack.algorithms.sft import SFT
 from stack.data.encode import Encoder
 from stack.data.tokenizers import ByteTokenizer, make_tokenizer
 from stack.errors import ConfigError, DataError
-from tests.conftest import FixedLogits
+from tests.conftest import FixedLogits, loss_of
 
 
 def batch_and_logits(seed=0, b=3, t=7, v=11):
@@ -22,7 +22,7 @@ def batch_and_logits(seed=0, b=3, t=7, v=11):
 
 def test_loss_is_masked_mean_nll_by_hand():
     logits, batch = batch_and_logits()
-    loss, metrics = SFT().loss(FixedLogits(logits), batch)
+    loss, metrics = loss_of(SFT(), FixedLogits(logits), batch)
     total, count = 0.0, 0
     for i in range(logits.shape[0]):
         for j in range(logits.shape[1]):
@@ -33,16 +33,16 @@ def test_loss_is_masked_mean_nll_by_hand():
                 count += 1
     assert float(loss) == pytest.approx(total / count, rel=1e-6)
     assert float(metrics["loss_tokens"]) == count
-    summed, _ = SFT(loss_reduction="sum").loss(FixedLogits(logits), batch)
+    summed, _ = loss_of(SFT(loss_reduction="sum"), FixedLogits(logits), batch)
     assert float(summed) == pytest.approx(total, rel=1e-6)
 
 
 def test_masked_positions_cannot_leak():
     logits, batch = batch_and_logits(seed=1)
-    loss, _ = SFT().loss(FixedLogits(logits), batch)
+    loss, _ = loss_of(SFT(), FixedLogits(logits), batch)
     changed = dict(batch, targets=np.where(batch["loss_mask"] > 0, batch["targets"], 0))
     changed_logits = np.where(batch["loss_mask"][..., None] > 0, logits, 100.0)
-    loss2, _ = SFT().loss(FixedLogits(changed_logits), changed)
+    loss2, _ = loss_of(SFT(), FixedLogits(changed_logits), changed)
     assert float(loss2) == pytest.approx(float(loss), rel=1e-7)
 
 

@@ -1,0 +1,194 @@
+"""The train state and the compiled programs of a run, shared by training and `mode=compile`.
+
+`TrainState` is one pytree: the trained params (the policy's trainable variables and any
+extra trained module), the rest of the modules' state (frozen base weights, quantized
+weights: passed through the step, never a compiled constant), the optimizer state, the
+algorithm state, the optimizer step count and the run's base PRNG key (raw key data).
+
+`make_programs` returns the four jitted functions the trainer runs each round (collect,
+finalize, update, evaluate); `mode=compile` lowers the very same functions for abstract
+inputs. `update` is the one train step: it scans the micro-batches of its minibatch,
+sums the gradients and the loss's (numerator, denominator) and divides once, so every
+counted item (token, pair) weighs the same however the minibatch is split.
+
+Keys: every random draw comes from `key` (the seed), split by purpose with `fold_in`
+(loss, collect, eval) and then by the optimizer step, so a run draws the same numbers
+whether or not it was resumed.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from stack.algorithms.base import Batch, Metrics, ratio
+from stack.parallel import layout_on, opt_state_shardings
+
+LOSS, COLLECT, EVAL = 1, 2, 3  # purposes of the run's key (fold_in), then per step
+SAVED = ("params", "opt_state", "algo", "step", "key")  # what a checkpoint holds (not `rest`)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class TrainState:
+    params: Any  # nnx.State of the trained variables of `Models`
+    rest: Any  # nnx.State of everything else in `Models` (e.g. LoRA's frozen base)
+    opt_state: Any
+    algo: Any  # the algorithm's state (e.g. an adaptive KL coefficient); () if none
+    step: jax.Array  # int32 scalar: optimizer steps done
+    key: jax.Array  # uint32 key data of jax.random.key(seed)
+
+    def saved(self) -> dict[str, Any]:
+        """The part a checkpoint holds (`rest` is rebuilt from the config on every start)."""
+        return {name: getattr(self, name) for name in SAVED}
+
+
+class Models(nnx.Module):
+    """The modules of a run by name: `policy` plus the algorithm's extra trained (or frozen) ones."""
+
+    def __init__(self, **modules: nnx.Module):
+        for name, module in modules.items():
+            setattr(self, name, module)
+
+
+def trained_filter(policy_filter: Any) -> Any:
+    """The policy's trainable variables (per the quantization provider), and all params of
+    the other trained modules (e.g. a value head)."""
+    return nnx.Any(nnx.All(nnx.PathContains("policy"), policy_filter),
+                   nnx.All(nnx.Not(nnx.PathContains("policy")), nnx.Param))
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A run's modules, split: static graph definitions and their initial states."""
+
+    graphdef: Any
+    params: Any
+    rest: Any
+    frozen_graphdef: Any  # None: no frozen modules
+    frozen: Any
+    algo: Any = field(default=())
+
+
+def split_models(exp: Any) -> Parts:
+    """Run the algorithm's `setup` on the policy and split the modules into states."""
+    setup = exp.algorithm.setup(exp.model, exp.quant)
+    graphdef, params, rest = nnx.split(Models(policy=exp.model, **setup.trained),
+                                       trained_filter(exp.quant.trainable), ...)
+    frozen_graphdef, frozen = nnx.split(Models(**setup.frozen)) if setup.frozen else (None, None)
+    return Parts(graphdef, params, rest, frozen_graphdef, frozen, setup.state)
+
+
+def state_shardings(exp: Any, parts: Parts) -> TrainState:
+    """Where each leaf of the TrainState lives: params and rest as created (logical rules),
+    param-shaped optimizer leaves like their params, scalars replicated."""
+    replicated = NamedSharding(exp.mesh, PartitionSpec())
+    on_mesh = lambda tree: jax.tree.map(lambda x: layout_on(exp.mesh, x), tree)  # noqa: E731
+    return TrainState(on_mesh(parts.params), on_mesh(parts.rest),
+                      opt_state_shardings(exp.tx, parts.params, exp.mesh),
+                      jax.tree.map(lambda _: replicated, parts.algo), replicated, replicated)
+
+
+def initial_state(exp: Any, parts: Parts, abstract: bool = False) -> TrainState:
+    """The state before step 1 (ShapeDtypeStructs with their shardings when `abstract`)."""
+    shardings = state_shardings(exp, parts)
+    key = jax.random.key_data(jax.random.key(exp.cfg.seed))
+    if abstract:
+        shapes = TrainState(parts.params, parts.rest, jax.eval_shape(exp.tx.init, parts.params), parts.algo,
+                            jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct(key.shape, key.dtype))
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+    opt_state = jax.jit(exp.tx.init, out_shardings=shardings.opt_state)(parts.params)
+    put = lambda x: jax.device_put(x, shardings.step)  # noqa: E731
+    return TrainState(parts.params, parts.rest, opt_state, jax.tree.map(put, parts.algo),
+                      put(jnp.zeros((), jnp.int32)), put(key))
+
+
+def abstract_frozen(exp: Any, parts: Parts) -> Any:
+    """The frozen modules' state as ShapeDtypeStructs laid out on the mesh (mode=compile)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layout_on(exp.mesh, x)),
+                        parts.frozen)
+
+
+def purpose_key(state: TrainState, purpose: int, per_step: bool = True) -> jax.Array:
+    """The key of `purpose`, at the state's step when `per_step`."""
+    base = jax.random.fold_in(jax.random.wrap_key_data(state.key), purpose)
+    return jax.random.fold_in(base, state.step) if per_step else base
+
+
+def accumulate(loss_fn: Callable, params: Any, micro: Batch, key: jax.Array) -> tuple[Any, jax.Array, Metrics]:
+    """(gradients, loss, metrics) of Σnum / Σden over the micro-batches `micro` [a, b, ...].
+
+    `loss_fn(params, batch, key) -> ((num, den), metrics)`. With a > 1 the denominators are
+    summed first (a pass that XLA reduces to the masks: `den` may not depend on params), then
+    a scan adds up the gradients of num / Σden; metrics are averaged over micro-batches.
+    """
+    a = jax.tree.leaves(micro)[0].shape[0]
+    if a == 1:
+        one = jax.tree.map(lambda x: x[0], micro)
+
+        def whole(p: Any) -> tuple[jax.Array, Metrics]:
+            terms, metrics = loss_fn(p, one, key)
+            return ratio(terms), metrics
+
+        (loss, metrics), grads = jax.value_and_grad(whole, has_aux=True)(params)
+        return grads, loss, metrics
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(a))
+    dens = jax.vmap(lambda b, k: loss_fn(params, b, k)[0][1])(micro, keys).sum(0)
+
+    def part(p: Any, b: Batch, k: jax.Array) -> tuple[jax.Array, tuple[jax.Array, Metrics]]:
+        (num, _), metrics = loss_fn(p, b, k)
+        return ratio((num, dens)), (num, metrics)
+
+    def body(total: Any, xs: tuple[Batch, jax.Array]) -> tuple[Any, tuple[jax.Array, Metrics]]:
+        (_, out), grads = jax.value_and_grad(part, has_aux=True)(params, *xs)
+        return jax.tree.map(jnp.add, total, grads), out
+
+    grads, (nums, metrics) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), (micro, keys))
+    return grads, ratio((nums.sum(0), dens)), jax.tree.map(lambda x: x.mean(0), metrics)
+
+
+@dataclass(frozen=True)
+class Programs:
+    """The jitted functions of a run (see the module docstring of stack.algorithms.base)."""
+
+    collect: Callable  # (state, frozen, batch, train) -> xp
+    finalize: Callable  # (xp, scores, algo state) -> (xp, algo state, metrics)
+    update: Callable  # (state, frozen, xp, minibatch index) -> (state, metrics); state donated
+    evaluate: Callable  # (state, frozen, xp, scores) -> metrics
+
+
+def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
+    """The run's jitted programs; `update` keeps the state in `shardings` and donates it."""
+    alg, accum = exp.algorithm, exp.cfg.trainer.grad_accum
+    models = lambda s: nnx.merge(parts.graphdef, s.params, s.rest)  # noqa: E731
+    frozen_of = lambda f: None if f is None else nnx.merge(parts.frozen_graphdef, f)  # noqa: E731
+
+    def collect(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Batch:
+        key = purpose_key(state, COLLECT) if train else purpose_key(state, EVAL, per_step=False)
+        return alg.collect(models(state), frozen_of(frozen), state.algo, batch, key, train)
+
+    def update(state: TrainState, frozen: Any, xp: Batch, index: jax.Array) -> tuple[TrainState, Metrics]:
+        micro = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, index * accum, accum), xp)
+        loss_fn = lambda p, b, k: alg.loss(  # noqa: E731
+            nnx.merge(parts.graphdef, p, state.rest), b, frozen_of(frozen), state.algo, k)
+        grads, loss, metrics = accumulate(loss_fn, state.params, micro, purpose_key(state, LOSS))
+        updates, opt_state = exp.tx.update(grads, state.opt_state, state.params)
+        new = replace(state, params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                      step=state.step + 1)
+        return new, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    def evaluate(state: TrainState, frozen: Any, xp: Batch, scores: Any) -> Metrics:
+        return alg.evaluate(models(state), xp, scores, frozen_of(frozen), state.algo)
+
+    replicated = NamedSharding(exp.mesh, PartitionSpec())
+    return Programs(
+        collect=jax.jit(collect, static_argnums=3),
+        finalize=jax.jit(alg.finalize),
+        update=jax.jit(update, donate_argnums=0, out_shardings=(shardings, replicated)),
+        evaluate=jax.jit(evaluate, out_shardings=replicated),
+    )

@@ -1,0 +1,85 @@
+"""What the trainer and its hooks share: the run's mutable record, a clock, the hook interface."""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from stack.step import Programs, TrainState
+
+RUNNING, COMPLETED, PREEMPTED, NONFINITE = "running", "completed", "preempted", "stopped_nonfinite"
+
+
+class Clock:
+    """Wall time minus the paused spans (eval, logging, checkpoint saves): step time only."""
+
+    def __init__(self) -> None:
+        self._paused = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._paused
+
+    @contextmanager
+    def paused(self, pending: Any = None) -> Iterator[None]:
+        """Pause while the block runs; first wait for `pending` (queued steps count as step time)."""
+        if pending is not None:
+            jax.block_until_ready(pending)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - start
+
+
+@dataclass
+class Run:
+    """The record of one run: hooks read it, and write the fields named for them."""
+
+    exp: Any  # stack.build.Experiment
+    programs: Programs
+    state: TrainState
+    frozen: Any  # the frozen modules' state (None: none, or dropped after precomputing)
+    eval_batches: list[tuple[dict[str, jax.Array], dict[str, Any]]]  # (device, host) per eval batch
+    first_step: int  # the first optimizer step this process runs (> 1 after a resume)
+    step: int = 0  # optimizer steps done
+    data_state: Any = None  # the data iterator's state after the current round's batches
+    columns: Any = None  # precomputed per-record tables (saved with the data state)
+    status: str = RUNNING
+    message: str = ""  # why the run stopped early
+    signal: int | None = None
+    clock: Clock = field(default_factory=Clock)
+    tokens_per_step: int = 0
+    train: dict[str, float] = field(default_factory=dict)  # the last logged train metrics
+    evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (step, eval metrics)
+    checkpoint: str | None = None  # the newest step this run saved
+    perf: dict[str, float] = field(default_factory=dict)  # whole-run throughput (Throughput hook)
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.exp.cfg.trainer.steps
+
+    def emit(self, step: int, row: dict[str, float]) -> None:
+        """Send a logged row to every sink (paused: logging is not step time)."""
+        with self.clock.paused():
+            for sink in self.exp.sinks:
+                sink.log(step, row)
+
+
+class Hook:
+    """A side concern of the loop. Hooks read the run and add to the logged row; they never
+    change the math. Every method is optional."""
+
+    def on_start(self, run: Run) -> None:
+        """Before the first round (state restored or initialised)."""
+
+    def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
+        """After each optimizer step: `metrics` on device; add what to log now to `row`."""
+
+    def after_round(self, run: Run) -> None:
+        """After the round's last step (rounds are where checkpoints and stops fall)."""
+
+    def on_end(self, run: Run) -> None:
+        """When the run ends, however it ends."""

@@ -1,0 +1,82 @@
+"""Metrics hooks: the logging window (means of the steps since the last log) and throughput/MFU."""
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from stack.hardware import mfu_metrics
+from stack.trainer.context import Hook, Run
+
+
+def is_log_step(run: Run) -> bool:
+    return run.step % run.exp.cfg.trainer.log_every == 0 or run.done
+
+
+def window_mean(window: list[dict[str, Any]], prefix: str) -> dict[str, float]:
+    """Per-key means of a list of metric dicts (the host sync of a logging step)."""
+    host = jax.device_get(window)
+    return {f"{prefix}{k}": float(np.mean([m[k] for m in host])) for k in host[0]}
+
+
+class MetricsLog(Hook):
+    """Keeps each step's metrics on device; at logging steps adds their means as `train/*`,
+    the learning rate and the data epoch to the row."""
+
+    def __init__(self, feed: Any):
+        self.feed = feed
+        self.window: list[dict[str, jax.Array]] = []
+
+    def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
+        self.window.append(metrics)
+        if not is_log_step(run):
+            return
+        row.update(window_mean(self.window, "train/"))
+        self.window = []
+        row["train/lr"] = float(jax.device_get(run.exp.schedule(run.step - 1)))
+        row["data/epoch"] = self.feed.batches.epoch(run.data_state)
+        run.train = {k: v for k, v in row.items() if k.startswith(("train/", "data/"))}
+
+
+class Throughput(Hook):
+    """perf/* at logging steps (tokens/s, step seconds, data wait, TFLOP/s, MFU) and for the
+    whole run; the first step (compilation) is timed apart and left out."""
+
+    def __init__(self, feed: Any):
+        self.feed = feed
+        self.wall_start = self.start = self.window_start = self.steady_start = 0.0
+        self.window_steps = self.steady_steps = 0
+
+    def on_start(self, run: Run) -> None:
+        self.wall_start, self.start = time.perf_counter(), run.clock.now()
+
+    def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
+        self.window_steps += 1
+        if run.step == run.first_step:  # compiled and ran once: the steady state starts here
+            jax.block_until_ready(metrics)
+            run.perf["compile_seconds"] = run.clock.now() - self.start
+            self._reset(run)
+            self.steady_start = self.window_start
+            return
+        self.steady_steps += 1
+        if is_log_step(run) and self.window_steps:
+            seconds = run.clock.now() - self.window_start
+            row.update(self._rates(run, self.window_steps, seconds))
+            row["perf/data_wait_fraction"] = self.feed.waited / seconds
+            self._reset(run)
+
+    def _reset(self, run: Run) -> None:
+        self.window_start, self.window_steps, self.feed.waited = run.clock.now(), 0, 0.0
+
+    def _rates(self, run: Run, steps: int, seconds: float) -> dict[str, float]:
+        exp = run.exp
+        tokens_per_sec = steps * run.tokens_per_step / seconds if seconds > 0 else 0.0
+        return {"perf/tokens_per_sec": tokens_per_sec, "perf/step_seconds": seconds / max(steps, 1),
+                **mfu_metrics(exp.flops_per_token, tokens_per_sec, exp.mesh.size, exp.peak_flops_per_device)}
+
+    def on_end(self, run: Run) -> None:
+        jax.block_until_ready(run.state.params)
+        run.perf["seconds"] = time.perf_counter() - self.wall_start
+        rates = self._rates(run, self.steady_steps, run.clock.now() - self.steady_start)
+        run.perf.update({k: v for k, v in rates.items() if k != "perf/step_seconds"})

@@ -1,0 +1,36 @@
+"""NaN policy (`trainer.nan_policy`): `stop` ends the run at the first non-finite train loss
+seen at a logging step or before a checkpoint save, so no bad state is ever written."""
+
+import math
+from typing import Any
+
+import jax
+
+from stack.trainer.context import NONFINITE, RUNNING, Hook, Run
+
+
+class NonFinite(Hook):
+    def __init__(self, policy: str):
+        self.policy = policy
+        self.unchecked: list[tuple[int, jax.Array]] = []  # (step, loss) since the last check
+
+    def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, Any]) -> None:
+        if self.policy != "stop":
+            return
+        self.unchecked.append((run.step, metrics["loss"]))
+        if "train/loss" in row:  # a logging step: the window's losses are on the host now
+            self.check(run)
+
+    def check(self, run: Run) -> bool:
+        """True when every loss since the last check is finite; else stop the run (policy stop)."""
+        losses, self.unchecked = jax.device_get(self.unchecked), []
+        bad = next(((step, float(loss)) for step, loss in losses if not math.isfinite(float(loss))), None)
+        if bad is None or self.policy != "stop":
+            return True
+        if run.status == RUNNING:
+            run.status = NONFINITE
+            where = f"the last good checkpoint is {run.checkpoint}" if run.checkpoint else "no checkpoint was saved"
+            run.message = (f"train/loss is {bad[1]} at step {bad[0]}; stopped without saving "
+                           f"(trainer.nan_policy=stop); {where}. Lower optimizer.lr, clip gradients "
+                           "(optimizer.clip_norm) or check the data.")
+        return False

@@ -1,0 +1,125 @@
+"""The trainer: rounds of collect -> score -> finalize -> optimizer steps, with hooks around them.
+
+    Trainer(exp).run() -> Summary
+
+A round reads `grad_accum × schedule.minibatches` data batches (stack.trainer.feed), runs
+the algorithm's jitted `collect`, its host `score` (if any) and jitted `finalize`, then
+`epochs × minibatches` optimizer steps (stack.step). The loop body knows nothing about the
+objective; everything else (logging window, throughput, NaN policy, eval, signals,
+checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds to the
+logged row. Host syncs happen only in hooks at logging, eval and checkpoint steps.
+"""
+
+from dataclasses import replace
+
+import jax
+from flax import nnx
+
+from stack.errors import ConfigError
+from stack.parallel import batch_sharding, global_batch
+from stack.precompute import attach_columns, precompute_columns
+from stack.step import Parts, TrainState, initial_state, make_programs, split_models, state_shardings
+from stack.summary import Summary
+from stack.trainer.checkpointing import Checkpointing
+from stack.trainer.context import COMPLETED, RUNNING, Hook, Run
+from stack.trainer.evaluation import Evaluation
+from stack.trainer.feed import Feed, Round
+from stack.trainer.metrics import MetricsLog, Throughput
+from stack.trainer.nonfinite import NonFinite
+from stack.trainer.signals import Signals
+
+
+def default_hooks(exp, feed: Feed) -> list[Hook]:
+    """The side concerns of a run, in the order they see each step."""
+    t = exp.cfg.trainer
+    guard = NonFinite(t.nan_policy)
+    hooks: list[Hook] = [MetricsLog(feed), Throughput(feed), guard, Evaluation(t.eval_every), Signals()]
+    if exp.checkpointer is not None:
+        hooks.append(Checkpointing(exp.checkpointer, guard))
+    return hooks
+
+
+class Trainer:
+    """Runs `trainer.steps` optimizer steps of an Experiment; `state` holds the final TrainState."""
+
+    def __init__(self, exp, hooks: list[Hook] | None = None):
+        self.exp, self.alg = exp, exp.algorithm
+        schedule = self.alg.schedule
+        self.plan = [i for _ in range(schedule.epochs) for i in range(schedule.minibatches)]
+        if exp.cfg.trainer.steps % len(self.plan):
+            raise ConfigError(f"'trainer.steps'={exp.cfg.trainer.steps} is not a multiple of the "
+                              f"{len(self.plan)} optimizer steps of a round (epochs x minibatches).")
+        self.sharding = batch_sharding(exp.mesh, exp.rules)
+        self.feed = Feed(exp.train_batches, self.sharding, exp.cfg.trainer.grad_accum * schedule.minibatches)
+        self.hooks = default_hooks(exp, self.feed) if hooks is None else hooks
+        self.parts: Parts | None = None
+        self.state: TrainState | None = None  # the final state once `run` returns
+
+    def run(self) -> Summary:
+        with jax.set_mesh(self.exp.mesh), nnx.logical_axis_rules(self.exp.rules):
+            run = self._start()
+            try:
+                for hook in self.hooks:
+                    hook.on_start(run)
+                pending = self.feed.read()
+                while run.status == RUNNING and not run.done:
+                    pending = self._round(run, pending)
+                if run.status == RUNNING:
+                    run.status = COMPLETED
+            finally:
+                self.feed.close()
+                for hook in self.hooks:
+                    hook.on_end(run)
+                self.state = run.state
+        return Summary.of(run)
+
+    def policy(self) -> nnx.Module:
+        """The trained policy (after `run`): the final state merged into the model."""
+        return nnx.merge(self.parts.graphdef, self.state.params, self.state.rest).policy
+
+    def _round(self, run: Run, pending: Round) -> Round:
+        """One round: collect, score, finalize, the optimizer steps; returns the next round's data."""
+        batch, host, run.data_state = pending
+        xp = run.programs.collect(run.state, run.frozen, batch, True)
+        scores = self.alg.score(xp, host) if self.alg.score is not None else None
+        xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)
+        run.state = replace(run.state, algo=algo)
+        run.tokens_per_step = self.alg.batch_tokens(xp) // self.alg.schedule.minibatches
+        for j, index in enumerate(self.plan):
+            run.state, metrics = run.programs.update(run.state, run.frozen, xp, index)
+            if j == len(self.plan) - 1:
+                pending = self.feed.read()  # the host reads while the device runs the step
+            run.step += 1
+            row: dict[str, float] = {}
+            for hook in self.hooks:
+                hook.after_step(run, {**metrics, **extra}, row)
+            if row:
+                run.emit(run.step, row)
+        for hook in self.hooks:
+            hook.after_round(run)
+        return pending
+
+    def _start(self) -> Run:
+        """The run's state: restored from the newest checkpoint, or initialised (and precomputed)."""
+        exp = self.exp
+        parts = self.parts = split_models(exp)
+        state = initial_state(exp, parts)
+        programs = make_programs(exp, parts, state_shardings(exp, parts))
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.saved())
+        restored = exp.checkpointer.restore(target, columns=self.alg.precomputes) if exp.checkpointer else None
+        if restored:
+            state = replace(state, **restored.state)
+        step = restored.step if restored else 0
+        evals = [global_batch([b], self.sharding) for b in exp.eval_batches]
+        run = Run(exp, programs, state, parts.frozen, evals, first_step=step + 1, step=step)
+        if self.alg.precomputes:  # once per record, or read back; the frozen modules are dropped
+            run.columns = restored.columns if restored else precompute_columns(exp, programs, state, parts.frozen)
+            batches, evals = attach_columns(exp, run.columns)
+            self.feed.use(batches)
+            run.eval_batches, run.frozen = [global_batch([b], self.sharding) for b in evals], None
+        if restored:
+            self.feed.restore(restored.data)
+            for sink in exp.sinks:
+                sink.rewind(restored.step)
+            print(f"resumed from {restored.where}", flush=True)
+        return run

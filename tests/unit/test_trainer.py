@@ -1,0 +1,182 @@
+"""The one trainer: exact gradient accumulation, syncs only when logging, one compile per
+program, a typed Summary, old checkpoints refused, and an on-policy toy through the same loop."""
+
+import json
+import logging
+from dataclasses import replace
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+import stack.trainer.metrics as metrics_hook
+from stack.algorithms.base import ratio
+from stack.build import build
+from stack.errors import ConfigError
+from stack.parallel import batch_sharding, global_batch
+from stack.trainer import Trainer, train
+from tests.conftest import QUICK, captured, loss_of, make_cfg, read_metrics
+from tests.unit.toy_reinforce import Reinforce
+
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1", "model.d_ff=64", "model.n_layers=1",
+        "data.batch_size=8", "trainer.eval_batches=1", "logger=jsonl"]
+SFT = ["+recipe=llama_sft", "checkpoint=none"]
+DPO = ["+recipe=llama_dpo", "checkpoint=none"]
+
+
+def trained(tmp_path, overrides):
+    """(per-step losses, final params) of a 3-step run."""
+    tmp_path.mkdir()
+    exp, cap = captured(build(make_cfg(overrides + [f"run_dir={tmp_path}"]), str(tmp_path)))
+    trainer = Trainer(exp)
+    trainer.run()
+    losses = [r["train/loss"] for r in cap.rows if "train/loss" in r]
+    return losses, jax.tree.map(np.asarray, nnx.to_pure_dict(trainer.state.params))
+
+
+@pytest.mark.parametrize("recipe", [SFT, DPO], ids=["sft", "dpo"])
+def test_grad_accumulation_4x2_equals_one_batch_of_8(tmp_path, recipe):
+    """Every token (SFT) or pair (DPO, plus its chosen-NLL term) weighs the same however the
+    batch is split: 4 micro-batches of 2 give the 8-row batch's losses and params (fp32)."""
+    base = recipe + QUICK + ["trainer.steps=3", "optimizer.warmup_steps=0"]
+    big_losses, big = trained(tmp_path / "big", base + ["data.batch_size=8", "trainer.grad_accum=1"])
+    acc_losses, acc = trained(tmp_path / "acc", base + ["data.batch_size=2", "trainer.grad_accum=4"])
+    np.testing.assert_allclose(acc_losses, big_losses, rtol=0, atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-5), acc, big)
+
+
+def test_uneven_micro_batches_make_the_mean_of_means_wrong(tmp_path):
+    """The data of the test above is uneven: averaging per-micro-batch means (optax.MultiSteps)
+    would differ from the token mean, so that test can tell the two apart."""
+    exp = build(make_cfg(SFT + QUICK + [f"run_dir={tmp_path}"]), str(tmp_path))
+    batch = next(iter(exp.train_batches))
+    parts = [jax.tree.map(lambda x: x[i:i + 2], batch) for i in range(0, 8, 2)]
+    whole, _ = loss_of(exp.algorithm, exp.model, batch)
+    means = [float(loss_of(exp.algorithm, exp.model, p)[0]) for p in parts]
+    assert len({float(p["loss_mask"].sum()) for p in parts}) > 1  # uneven token counts
+    assert abs(np.mean(means) - float(whole)) > 1e-3
+
+
+def test_loop_syncs_only_at_logging_steps(tmp_path, monkeypatch):
+    """No implicit device->host transfer anywhere; explicit ones only when logging or evaluating."""
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=12", "trainer.log_every=4", "trainer.eval_every=6"])
+    exp = build(cfg, str(tmp_path))
+    calls = []
+    real = metrics_hook.window_mean
+    monkeypatch.setattr(metrics_hook, "window_mean", lambda w, prefix: calls.append(prefix) or real(w, prefix))
+    import stack.trainer.evaluation as evaluation
+
+    monkeypatch.setattr(evaluation, "window_mean", metrics_hook.window_mean)
+    with jax.transfer_guard_device_to_host("disallow"):
+        train(exp)
+    # train: steps 4, 8, 12; eval: steps 0, 6, 12
+    assert calls.count("train/") == 3 and calls.count("eval/") == 3
+
+
+def test_each_program_compiles_once_with_grad_accum(tmp_path, caplog):
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=6", "trainer.grad_accum=2",
+                           "trainer.log_every=2", "trainer.eval_every=3"])
+    exp = build(cfg, str(tmp_path))
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            train(exp)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    for name, times in (("update", 1), ("evaluate", 1), ("finalize", 1), ("collect", 2)):  # collect: train, eval
+        assert sum(f"Compiling jit({name})" in m for m in compiles) == times, (name, compiles)
+
+
+def test_lr_logged_follows_schedule(tmp_path):
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=10", "trainer.log_every=5", "optimizer.warmup_steps=4"])
+    exp, cap = captured(build(cfg, str(tmp_path)))
+    train(exp)
+    rows = [r for r in cap.rows if "train/lr" in r]
+    assert [r["step"] for r in rows] == [5, 10]
+    assert rows[0]["train/lr"] == float(exp.schedule(4))
+    assert rows[0]["train/lr"] == pytest.approx(cfg.optimizer.lr, rel=1e-6)  # warmup ends at step 4
+
+
+def test_nan_loss_stops_the_run_with_a_status(tmp_path):
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=4", "trainer.log_every=1",
+                           "optimizer.lr=nan", "optimizer.warmup_steps=0"])
+    summary = train(build(cfg, str(tmp_path)))
+    assert summary.status == "stopped_nonfinite" and summary.final_step == 2
+    assert "at step 2" in summary.message and "nan_policy" in summary.message
+
+
+def test_summary_is_typed_and_names_the_objective(tmp_path):
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=4", "trainer.log_every=2", "trainer.eval_every=2"])
+    summary = train(build(cfg, str(tmp_path)))
+    rows = read_metrics(tmp_path)
+    assert summary.status == "completed" and (summary.first_step, summary.final_step) == (1, 4)
+    assert summary.metric("eval/loss") == rows[-1]["eval/loss"] and summary.metric("nope") is None
+    assert [s for s, _ in summary.eval_history] == [0, 2, 4]
+    assert summary.best("eval/loss") == min(m["eval/loss"] for _, m in summary.eval_history)
+    assert summary.eval_at_start["eval/loss"] == rows[0]["eval/loss"] and rows[0]["step"] == 0
+    assert summary.perf["perf/tokens_per_sec"] > 0 and summary.run_dir == str(tmp_path)
+
+
+def test_global_batch_in_one_process_is_the_stacked_rows(tmp_path):
+    exp = build(make_cfg(TINY + [f"run_dir={tmp_path}", "data=jsonl_prompts"]), str(tmp_path))
+    rows = [exp.eval_batches[0], exp.eval_batches[0]]
+    device, host = global_batch(rows, batch_sharding(exp.mesh, exp.rules))
+    assert set(device) == {"prompt_ids", "prompt_mask"} and set(host) == {"answer"}
+    np.testing.assert_array_equal(np.asarray(device["prompt_ids"]), np.stack([r["prompt_ids"] for r in rows]))
+    assert host["answer"].shape == (2, 8)
+
+
+def test_an_old_format_checkpoint_is_refused_with_the_reason(tmp_path):
+    """A checkpoint of the earlier layout (params + optax.MultiSteps state, no format) is not misread."""
+    import optax
+
+    overrides = TINY + [f"run_dir={tmp_path}", "trainer.steps=2"]
+    exp = build(make_cfg(overrides), str(tmp_path))
+    params = nnx.state(exp.model, nnx.Param)
+    old = {"params": params, "opt_state": optax.MultiSteps(exp.tx, 4).init(params)}
+    with ocp.CheckpointManager(str(tmp_path / "checkpoints")) as manager:
+        manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(old), data=ocp.args.JsonSave({}),
+                                                meta=ocp.args.JsonSave({"step": 5, "config": {}})))
+    with pytest.raises(ConfigError, match=r"format 1 .*MultiSteps.*format 2"):
+        train(build(make_cfg(overrides + ["checkpoint=local"]), str(tmp_path)))
+
+
+def test_an_on_policy_algorithm_runs_through_the_same_trainer(tmp_path):
+    """REINFORCE toy (tests/unit/toy_reinforce.py): collect samples, the host scores, finalize
+    attaches rewards, 2 epochs x 2 minibatches per round, an extra trained module, algorithm
+    state; the reward rises."""
+    cfg = make_cfg(["data=jsonl_prompts", "data.batch_size=16", "trainer.steps=40", "trainer.log_every=4",
+                    "trainer.eval_every=20", "trainer.eval_batches=2", "optimizer.lr=1e-2", "optimizer.warmup_steps=0",
+                    "logger=jsonl", f"run_dir={tmp_path}"])
+    exp, cap = captured(replace(build(cfg, str(tmp_path)), algorithm=Reinforce()))
+    trainer = Trainer(exp)
+    summary = trainer.run()
+    rewards = [r["train/reward"] for r in cap.rows if "train/reward" in r]
+    assert summary.final_step == 40 and len(rewards) == 10
+    assert rewards[0] < 0.5 and np.mean(rewards[-2:]) > 0.8, rewards
+    assert float(trainer.state.algo["rounds"]) == 10  # 4 optimizer steps per round
+    assert summary.eval["eval/reward"] > summary.eval_at_start["eval/reward"]
+    baseline = float(nnx.to_pure_dict(trainer.state.params)["baseline"]["value"])
+    assert baseline > 0.1  # the extra module trained too (from 0, towards the mean reward)
+
+
+def test_config_error_when_steps_do_not_fill_rounds(tmp_path):
+    cfg = make_cfg(["data=jsonl_prompts", "trainer.steps=6", f"run_dir={tmp_path}"] + QUICK)
+    with pytest.raises(ConfigError, match=r"'trainer.steps'=6 is not a multiple of the 4"):
+        Trainer(replace(build(cfg, str(tmp_path)), algorithm=Reinforce()))
+
+
+def test_loss_terms_divide_once_over_the_whole_batch():
+    num, den = np.array([6.0, 2.0]), np.array([3.0, 4.0])
+    assert float(ratio((num, den))) == pytest.approx(6 / 3 + 2 / 4)
+    assert float(ratio((np.float32(0.0), np.float32(0.0)))) == 0.0  # a term with no items: 0, not NaN
+
+
+def test_metrics_jsonl_has_one_row_per_step(tmp_path):
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=4", "trainer.log_every=2", "trainer.eval_every=3"])
+    summary = train(build(cfg, str(tmp_path)))
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")]
+    assert steps == [0, 2, 3, 4] and summary.final_step == 4
