@@ -4,7 +4,7 @@
     python bench/aot_compile.py model=llama3_1b      # any extra Hydra overrides
 
 Needs libtpu (`pip install -e ".[tpu]"`). Prints the seconds of each phase: the topology
-(libtpu's compile-only devices), the shape-only build, the abstract state, jax's lowering to
+(libtpu's compile-only devices), the shape-only build, the abstract run (state, data), jax's lowering to
 StableHLO and XLA:TPU's compile, then the per-device memory of the compiled step.
 """
 
@@ -21,7 +21,7 @@ GiB = 1024**3
 def main(overrides: list[str]) -> None:
     t0 = time.perf_counter()
     from stack.build import build
-    from stack.compile import abstract_state, bytes_per_device, lower_and_compile, target_devices
+    from stack.compile import abstract_run, bytes_per_device, lower_and_compile, target_devices
 
     with initialize_config_module("stack.conf", version_base=None):
         cfg = compose("config", overrides=DEFAULT + overrides)
@@ -30,9 +30,9 @@ def main(overrides: list[str]) -> None:
     t_topo = time.perf_counter()
     exp = build(cfg, run_dir="", abstract=True, devices=devices)
     t_build = time.perf_counter()
-    params, opt_state, fixed = abstract_state(exp)
+    state = abstract_run(exp)
     t_state = time.perf_counter()
-    r = lower_and_compile(exp, params, opt_state, fixed)
+    r, _ = lower_and_compile(exp, state)
     print(f"{cfg.model.name} on {cfg.hardware.topology} ({len(devices)} chips), mesh {dict(exp.mesh.shape)}, "
           f"batch {cfg.data.batch_size}x{cfg.data.seq_len}")
     print(f"  import + compose   {t_import - t0:7.1f} s")
@@ -42,7 +42,7 @@ def main(overrides: list[str]) -> None:
     print(f"  lower              {r.lower_seconds:7.1f} s")
     print(f"  compile            {r.compile_seconds:7.1f} s")
     print(f"  total              {time.perf_counter() - t0:7.1f} s")
-    print(f"per device: state {bytes_per_device((params, opt_state, fixed)) / GiB:.2f} GiB, arguments "
+    print(f"per device: state {bytes_per_device(state.state) / GiB:.2f} GiB, arguments "
           f"{r.argument_bytes / GiB:.2f} GiB, temp {r.temp_bytes / GiB:.2f} GiB, code {r.code_bytes / GiB:.2f} GiB, "
           f"total {r.total_bytes / GiB:.2f} GiB of {cfg.hardware.hbm_bytes_per_chip / GiB:.2f} GiB; "
           f"{r.flops:.3e} FLOPs per step")

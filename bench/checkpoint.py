@@ -2,7 +2,7 @@
 
     python bench/checkpoint.py            # ~110 MB state: params + AdamW moments
 
-Both save the same state (the loop's {"params", "opt_state"} plus the JSON data/meta items)
+Both save the same state (a TrainState's params and AdamW moments, plus the JSON data/meta items)
 through `stack.checkpoint.Checkpointer`; the async time is what `save()` takes before it
 returns (the device-to-host copy), the sync time is the whole write, both after a first save
 of the same manager (what a training run sees from its second save on). Goal: ratio <= 0.05.

@@ -15,6 +15,7 @@ accelerator host (whose cores are free) would see.
 
 import tempfile
 import time
+from dataclasses import replace
 
 import jax
 import numpy as np
@@ -24,7 +25,7 @@ from step_overhead import Capture, Fixed  # bench/ is on sys.path when run as a 
 from stack.build import build
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
-from stack.loop import train
+from stack.trainer import train
 
 
 def config(overrides: list[str]):
@@ -54,9 +55,8 @@ def data_wait(overrides: list[str], fixed: bool = False) -> tuple[float, float]:
     cfg = config(["trainer.steps=300", "trainer.log_every=50", "trainer.eval_every=0", "logger=jsonl",
                   *overrides])
     exp = build(cfg, tempfile.mkdtemp())
-    if fixed:
-        exp.train_batches = Fixed(exp.eval_batches[0])
-    exp.sinks = [capture := Capture()]
+    capture = Capture()
+    exp = replace(exp, sinks=(capture,), **({"train_batches": Fixed(exp.eval_batches[0])} if fixed else {}))
     train(exp)
     waits = [r["perf/data_wait_fraction"] for r in capture.rows if "perf/data_wait_fraction" in r]
     steps = [r["perf/step_seconds"] for r in capture.rows if "perf/step_seconds" in r]

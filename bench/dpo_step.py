@@ -3,14 +3,15 @@
     python bench/dpo_step.py                 # tiny and medium
     python bench/dpo_step.py --sizes tiny
 
-Both run the real loop (`stack.loop.train`) fed one fixed batch: SFT on 2B sequences,
-DPO on B preference pairs (policy forward + backward on chosen and rejected in one pass,
-plus the frozen reference's forward, all in one jitted step). By FLOPs the floor is 1.33
+Both run the real trainer (`stack.trainer.Trainer`) fed one fixed batch: SFT on 2B
+sequences, DPO on B preference pairs (policy forward + backward on chosen and rejected in
+one pass, plus the frozen reference's forward in the round's `collect`). By FLOPs the floor is 1.33
 (a reference forward is ~1/3 of a training step); the goal is <= 1.4. With
 `algorithm.precompute_reference=true` the reference pass is gone from the step (floor 1.0).
 """
 
 import statistics
+from dataclasses import replace
 
 from step_overhead import Fixed, bench_args, experiment, ours  # bench/ is on sys.path when run as a script
 
@@ -24,8 +25,7 @@ PAIRS = {"tiny": 16, "medium": 4}
 
 def step_seconds(overrides: list[str]) -> float:
     exp = experiment(overrides)
-    exp.train_batches = Fixed(exp.eval_batches[0])
-    return ours(exp)
+    return ours(replace(exp, train_batches=Fixed(exp.eval_batches[0])))
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
     python bench/step_overhead.py --sizes tiny --trials 5
 
 Both sides use the same model, batch and Optax chain (built from one config). Ours is the
-real loop (`stack.loop.train`: metrics, logging cadence, donation), once fed the same fixed
+real trainer (`stack.trainer.Trainer`: rounds, hooks, donation), once fed the same fixed
 batch as the baseline (loop overhead) and once fed by the Grain pipeline (loop + data);
 the baseline is a bare jitted value_and_grad + optax update. Trials alternate and the
 minimum (least disturbed by other load on the machine) and the median are reported;
@@ -15,6 +15,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from flax import nnx
 from hydra import compose, initialize_config_module
 
 from stack.build import build
-from stack.loop import train
+from stack.trainer import Trainer
 
 SIZES = {
     "tiny": ["model=llama_tiny", "trainer.steps=300"],
@@ -41,13 +42,16 @@ class Capture:
     def log(self, step, metrics):
         self.rows.append(metrics)
 
+    def rewind(self, step):
+        pass
+
     def close(self, summary=None):
         pass
 
 
 class Fixed:
-    """One batch forever, as a data iterator (the loop's protocol: get_state, close, epoch,
-    and for precomputed columns ordered / with_columns)."""
+    """One batch forever, as a data iterator (the trainer's protocol: get_state, set_state,
+    close, epoch, and for precomputed columns ordered / with_columns)."""
 
     def __init__(self, batch):
         self.batch = batch
@@ -60,6 +64,9 @@ class Fixed:
 
     def get_state(self):
         return {"next_index": 0}
+
+    def set_state(self, state):
+        pass
 
     def close(self):
         pass
@@ -86,15 +93,20 @@ def experiment(overrides: list[str]):
     return build(cfg, tempfile.mkdtemp())
 
 
+def fresh(exp, **changes):
+    """`exp` with its own copy of the model's arrays (a run donates the ones it starts from)."""
+    graphdef, state = nnx.split(exp.model)
+    return replace(exp, model=nnx.merge(graphdef, jax.tree.map(jnp.copy, state)), **changes)
+
+
 def ours(exp) -> float:
     cap = Capture()
-    exp.sinks = [cap]
-    train(exp)
+    Trainer(fresh(exp, sinks=(cap,))).run()
     return next(r["perf/step_seconds"] for r in cap.rows if "perf/step_seconds" in r)
 
 
 def baseline(exp) -> float:
-    graphdef, params, rest = nnx.split(exp.model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(fresh(exp).model, nnx.Param, ...)
     opt_state = exp.tx.init(params)
     batch = jax.device_put(exp.eval_batches[0])
 
@@ -119,9 +131,7 @@ def baseline(exp) -> float:
     for _ in range(n):
         params, opt_state, loss = step(params, opt_state, batch)
     jax.block_until_ready(params)
-    seconds = (time.perf_counter() - start) / n
-    exp.model = nnx.merge(graphdef, params, rest)  # the donated buffers now live here
-    return seconds
+    return (time.perf_counter() - start) / n
 
 
 def bench_args(doc: str, sizes: dict) -> argparse.Namespace:
@@ -142,10 +152,8 @@ def main() -> None:
         a, b, c = [], [], []
         for _ in range(args.trials):
             b.append(baseline(exp))
-            exp.train_batches = Fixed(fixed)
-            a.append(ours(exp))
-            exp.train_batches = experiment(SIZES[size]).train_batches
-            c.append(ours(exp))
+            a.append(ours(replace(exp, train_batches=Fixed(fixed))))
+            c.append(ours(replace(exp, train_batches=experiment(SIZES[size]).train_batches)))
         for label, xs in (("loop, fixed batch", a), ("loop + Grain data", c)):
             print(f"{size:7s} {label:18s} min {min(xs) * 1e3:8.2f} ms/step (median {statistics.median(xs) * 1e3:7.2f})"
                   f" | hand-written jit min {min(b) * 1e3:8.2f} (median {statistics.median(b) * 1e3:7.2f})"

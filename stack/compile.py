@@ -166,7 +166,7 @@ def _does_not_fit(used: float, hbm: float, why: str = "") -> int:
 
 
 def _print_program(name: str, r: CompileReport) -> None:
-    print(f"{name}: arguments {_size(r.argument_bytes)} | outputs {_size(r.output_bytes)} "
+    print(f"{name} arguments {_size(r.argument_bytes)} | outputs {_size(r.output_bytes)} "
           f"(aliased to donated inputs {_size(r.alias_bytes)}) | temp {_size(r.temp_bytes)} | "
           f"code {_size(r.code_bytes)}" + (f" | XLA peak {_size(r.xla_peak_bytes)}" if r.xla_peak_bytes else ""))
 
@@ -212,9 +212,9 @@ def compile_for_target(cfg: Any) -> int:
         need = [float(x) * GiB for x in re.findall(r"([\d.]+)G\b", str(exc))[:1]]
         return _does_not_fit(max(need + [state]), hbm or 0, " (the compiler ran out of HBM)")
     print(f"lower {update.lower_seconds:.1f}s, compile {update.compile_seconds + collect.compile_seconds:.1f}s")
-    _print_program("per device: arguments", update)
-    _print_program("collect (per round): arguments", collect)
-    total = max(update.total_bytes + frozen, collect.total_bytes)  # frozen modules stay resident
+    _print_program("per device (train step):", update)
+    _print_program("per device (collect, once per round):", collect)
+    total = max(update.total_bytes, collect.total_bytes)  # each program's arguments: all that is resident
     share = f" of {_size(hbm)} HBM ({total / hbm:.0%})" if hbm else " (no HBM size in the config)"
     print(f"per device total: {_size(total)}{share}")
     _print_flops(exp, update, collect, n)

@@ -66,9 +66,16 @@ def axis_size(mesh: Mesh, target: Any) -> int:
     return math.prod(mesh.shape[a] for a in _axes(target))
 
 
+def _used(mesh: Mesh, entry: Any) -> Any:
+    """A PartitionSpec entry without mesh axes of size 1: the form a jitted program's outputs
+    come back in, so that abstract (mode=compile) and concrete inputs give the same program."""
+    axes = tuple(a for a in _axes(entry) if mesh.shape[a] > 1)
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
 def batch_sharding(mesh: Mesh, rules: tuple[tuple[str, Any], ...]) -> NamedSharding:
     """Sharding of stacked batches [micro-batches, rows, ...]: rows over the `batch` rule's axes."""
-    return NamedSharding(mesh, PartitionSpec(None, dict(rules).get("batch")))
+    return NamedSharding(mesh, PartitionSpec(None, _used(mesh, dict(rules).get("batch"))))
 
 
 def global_batch(rows: list[dict[str, np.ndarray]], sharding: NamedSharding) -> tuple[dict[str, jax.Array],
@@ -114,8 +121,8 @@ def check_layout(mesh: Mesh, rules: tuple[tuple[str, Any], ...], abstract_model:
 
 def layout_on(mesh: Mesh, x: Any) -> NamedSharding:
     """`x`'s sharding spec on the concrete `mesh` (an abstract model carries an AbstractMesh)."""
-    spec = getattr(getattr(x, "sharding", None), "spec", None)
-    return NamedSharding(mesh, spec if spec is not None else PartitionSpec())
+    spec = getattr(getattr(x, "sharding", None), "spec", None) or PartitionSpec()
+    return NamedSharding(mesh, PartitionSpec(*(_used(mesh, entry) for entry in spec)))
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:

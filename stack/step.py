@@ -186,9 +186,11 @@ def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
         return alg.evaluate(models(state), xp, scores, frozen_of(frozen), state.algo)
 
     replicated = NamedSharding(exp.mesh, PartitionSpec())
+    # keep_unused: every input stays a program argument, so XLA's memory analysis of each
+    # program counts all that is resident while it runs (mode=compile reports it)
     return Programs(
-        collect=jax.jit(collect, static_argnums=3),
+        collect=jax.jit(collect, static_argnums=3, keep_unused=True),
         finalize=jax.jit(alg.finalize),
-        update=jax.jit(update, donate_argnums=0, out_shardings=(shardings, replicated)),
+        update=jax.jit(update, donate_argnums=0, out_shardings=(shardings, replicated), keep_unused=True),
         evaluate=jax.jit(evaluate, out_shardings=replicated),
     )

@@ -130,31 +130,21 @@ def _sharding(x: Any) -> jax.sharding.Sharding:
     return s or SingleDeviceSharding(jax.devices()[0])
 
 
-def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
-    """Load a HF Llama checkpoint (`hf:DIR` or `DIR`) into `model` in place.
-
-    Reads `config.json` (checked against `cfg`) and `model.safetensors` or the shards of
-    `model.safetensors.index.json`. All names and shapes are checked before anything is
-    written; each param keeps its dtype and sharding (an abstract model works too).
-    """
-    root = path.removeprefix("hf:")
-    try:
-        with open(os.path.join(root, "config.json")) as f:
-            hf = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read the Hugging Face config.json in {root!r}: {e}") from None
-    check_config(hf, cfg)
+def _tensor_files(root: str) -> dict[str, str]:
+    """HF tensor name -> the safetensors file holding it (single file or sharded index)."""
     index = os.path.join(root, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
-            files = {name: os.path.join(root, file) for name, file in json.load(f)["weight_map"].items()}
-    elif os.path.exists(os.path.join(root, "model.safetensors")):
-        single = os.path.join(root, "model.safetensors")
-        with safe_open(single, framework="numpy") as f:
-            files = {name: single for name in f.keys()}
-    else:
+            return {name: os.path.join(root, file) for name, file in json.load(f)["weight_map"].items()}
+    single = os.path.join(root, "model.safetensors")
+    if not os.path.exists(single):
         raise ConfigError(f"{root!r} has neither model.safetensors nor model.safetensors.index.json.")
-    params = _params(model)
+    with safe_open(single, framework="numpy") as f:
+        return {name: single for name in f.keys()}
+
+
+def _check_tensors(root: str, cfg: Any, params: dict, files: dict[str, str]) -> dict[str, list[str]]:
+    """Names and shapes checked against the model before anything is read; file -> its names."""
     missing = sorted(set(params) - set(files))
     if missing:
         raise ConfigError(f"the checkpoint in {root!r} lacks tensors {missing}.")
@@ -175,7 +165,25 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
                     bad.append(f"{name}: expected {want}, got {got}")
     if bad:
         raise ConfigError(f"wrong tensor shapes in the checkpoint in {root!r}: {'; '.join(bad)}.")
-    for file, names in by_file.items():
+    return by_file
+
+
+def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
+    """Load a HF Llama checkpoint (`hf:DIR` or `DIR`) into `model` in place.
+
+    Reads `config.json` (checked against `cfg`) and `model.safetensors` or the shards of
+    `model.safetensors.index.json`. All names and shapes are checked before anything is
+    written; each param keeps its dtype and sharding (an abstract model works too).
+    """
+    root = path.removeprefix("hf:")
+    try:
+        with open(os.path.join(root, "config.json")) as f:
+            hf = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read the Hugging Face config.json in {root!r}: {e}") from None
+    check_config(hf, cfg)
+    params = _params(model)
+    for file, names in _check_tensors(root, cfg, params, _tensor_files(root)).items():
         with safe_open(file, framework="numpy") as f:  # bf16 comes as ml_dtypes.bfloat16
             for name in names:
                 var, transpose = params[name]

@@ -30,7 +30,7 @@ class NonFinite(Hook):
         if run.status == RUNNING:
             run.status = NONFINITE
             where = f"the last good checkpoint is {run.checkpoint}" if run.checkpoint else "no checkpoint was saved"
-            run.message = (f"train/loss is {bad[1]} at step {bad[0]}; stopped without saving "
+            run.message = (f"train/loss is non-finite ({bad[1]}) at step {bad[0]}; stopped without saving "
                            f"(trainer.nan_policy=stop); {where}. Lower optimizer.lr, clip gradients "
                            "(optimizer.clip_norm) or check the data.")
         return False

@@ -57,7 +57,7 @@ class Trainer:
 
     def run(self) -> Summary:
         with jax.set_mesh(self.exp.mesh), nnx.logical_axis_rules(self.exp.rules):
-            run = self._start()
+            run = self.start()
             try:
                 for hook in self.hooks:
                     hook.on_start(run)
@@ -99,7 +99,7 @@ class Trainer:
             hook.after_round(run)
         return pending
 
-    def _start(self) -> Run:
+    def start(self) -> Run:
         """The run's state: restored from the newest checkpoint, or initialised (and precomputed)."""
         exp = self.exp
         parts = self.parts = split_models(exp)

@@ -11,11 +11,10 @@ import jax
 from flax import nnx
 
 from stack.build import build
-from stack.loop import train
-from tests.conftest import Capture, make_cfg
+from stack.trainer import Trainer
+from tests.conftest import QUICK, captured, make_cfg
 
-BASE = ["trainer.steps=5", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1",
-        "logger=jsonl", "data.batch_size=16"]
+BASE = QUICK + ["trainer.steps=5", "data.batch_size=16"]
 
 
 def shard_shapes(model, names):
@@ -31,17 +30,17 @@ def shard_shapes(model, names):
 def main(meshes):
     result = {"devices": jax.device_count(), "losses": {}, "shards": {}}
     for mesh in meshes:
-        exp = build(make_cfg(BASE + mesh.split()), tempfile.mkdtemp())
-        cap = Capture()
-        exp.sinks = [cap]
-        train(exp)
+        exp, cap = captured(build(make_cfg(BASE + mesh.split()), tempfile.mkdtemp()))
+        trainer = Trainer(exp)
+        trainer.run()
         result["losses"][mesh] = [r["train/loss"] for r in cap.rows if "train/loss" in r]
         if "quantization" in mesh:  # adapters: the losses are what is compared
             continue
-        result["shards"][mesh] = shard_shapes(exp.model, ["layers/0/attn/q_proj/kernel", "embed/embedding",
-                                                          "layers/0/mlp/down_proj/kernel"])
-        adam = next(s for s in jax.tree.leaves(exp.opt_state, is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu"))
-        mu = adam.mu["layers"][0]["attn"]["q_proj"]["kernel"]
+        result["shards"][mesh] = shard_shapes(trainer.policy(), ["layers/0/attn/q_proj/kernel", "embed/embedding",
+                                                                 "layers/0/mlp/down_proj/kernel"])
+        opt_state = trainer.state.opt_state
+        adam = next(s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu"))
+        mu = adam.mu["policy"]["layers"][0]["attn"]["q_proj"]["kernel"]
         mu = getattr(mu, "get_value", lambda: mu)()
         result["shards"][mesh]["adam_mu/q_proj"] = {"shards": sorted({tuple(s.data.shape) for s in mu.addressable_shards})}
     print(json.dumps(result))

@@ -9,13 +9,9 @@ import yaml
 
 from stack.logging.wandb_reader import read_offline_run
 from tests.conftest import make_cfg, run_cli
+from tests.conftest import read_metrics as metrics
 
 SMALL = ["logger=jsonl", "trainer.log_every=5", "trainer.eval_every=10", "trainer.eval_batches=2"]
-
-
-def metrics(run_dir) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def test_20_step_run_writes_run_dir_and_learns(tmp_path):

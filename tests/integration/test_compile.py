@@ -68,7 +68,7 @@ def test_tpu_target_without_libtpu_says_how_to_install(monkeypatch):
 def test_cpu_target_compiles_without_libtpu(capsys):
     code, out = compile_cfg(["hardware=cpu", "mode=compile"], capsys)
     assert code == 0, out
-    for words in ("per device: arguments", "per device total:", "FLOPs per device per step", "fits:"):
+    for words in ("per device (train step): arguments", "per device total:", "FLOPs per device per step", "fits:"):
         assert words in out, out
 
 
@@ -88,10 +88,8 @@ def test_tiny_on_v5e_2x2_fits(capsys):
 @tpu_extra
 def test_cli_mode_compile(tmp_path):
     res = run_cli(TINY_V5E, cwd=str(tmp_path))
-    if "is not available yet" in res.stderr:
-        pytest.xfail("stack/run.py does not dispatch mode=compile to stack.compile yet")
     assert res.returncode == 0, res.stderr[-3000:]
-    for words in ("per device: arguments", "per device total:", "of 16.00 GiB HBM", "fits:"):
+    for words in ("per device (train step): arguments", "per device total:", "of 16.00 GiB HBM", "fits:"):
         assert words in res.stdout, res.stdout
     assert "could not determine TPU" not in res.stderr  # libtpu loaded quietly
     res = run_cli(TINY_V5E + ["model=llama3_70b"], cwd=str(tmp_path))
@@ -129,7 +127,7 @@ def test_llama3_8b_on_v5e_2x4(capsys):
     bf16 all-gathered layer weights and the program itself: 12-16 GiB, tight on 16 GiB."""
     code, out = compile_cfg(TINY_V5E + ["model=llama3_8b", "hardware.topology=v5e:2x4"], capsys)
     assert "v5e:2x4, 8 device(s), 1 host(s)" in out, out
-    assert 11.2 < gib(out, "per device: arguments") < 11.5, out
+    assert 11.2 < gib(out, "per device (train step): arguments") < 11.5, out
     assert 12 < gib(out, "per device total:") < 16, out
     assert code == 0, out
 
@@ -139,17 +137,23 @@ DPO_VARIANTS = {"copy": [], "precomputed": ["algorithm.precompute_reference=true
 
 
 def test_dpo_step_compiles_for_cpu(capsys):
-    args = {}
+    args, frozen, collect = {}, {}, {}
     for name, extra in DPO_VARIANTS.items():
         code, out = compile_cfg(["+recipe=llama_dpo", "hardware=cpu", "mode=compile", *extra], capsys)
         assert code == 0 and "fits:" in out, out
-        args[name] = gib(out, "per device: arguments")
-    # the step's inputs: params + Adam (2x) + the reference copy; precomputed: no reference params;
-    # LoRA: the base once plus small adapters; QLoRA: 4-bit projections (llama_tiny is embedding-heavy)
+        args[name] = gib(out, "per device (train step): arguments")
+        frozen[name] = gib(out, "frozen modules")
+        collect[name] = gib(out, "per device (collect, once per round): arguments")
+    # resident beside the train state: the reference copy; precomputed or LoRA: no second copy.
+    # Every program's arguments: params + Adam (2x) + the frozen modules + the data; LoRA: the
+    # base once plus small adapters; QLoRA: 4-bit projections (llama_tiny is embedding-heavy).
     from stack.models.llama import param_count
 
     reference_gib = param_count(make_cfg(["+recipe=llama_dpo"]).model) * 4 / GiB
+    assert frozen["copy"] == pytest.approx(reference_gib, rel=0.05), frozen
+    assert frozen["precomputed"] == frozen["lora"] == frozen["qlora"] == 0, frozen
     assert args["copy"] - args["precomputed"] == pytest.approx(reference_gib, rel=0.05), args
+    assert collect["copy"] - collect["precomputed"] == pytest.approx(reference_gib, rel=0.05), collect
     assert args["lora"] < 0.4 * args["copy"] and args["qlora"] < 0.7 * args["lora"], args
 
 

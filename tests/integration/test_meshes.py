@@ -1,20 +1,19 @@
 """8 fake CPU devices: every mesh gives the single-device losses; shards have the right shapes."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, fake_devices
 
 MESHES = ["mesh=single", "mesh=dp", "mesh=fsdp", "mesh=fsdp_tp", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2"]
 
 
 @pytest.fixture(scope="module")
 def result():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = fake_devices(8)
     out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *MESHES], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -52,7 +51,7 @@ def test_impossible_meshes_fail_before_compile(argv, words, tmp_path):
     code = ("import sys; from stack.app import preflight; from stack.build import build; "
             "from tests.conftest import make_cfg; "
             f"build(make_cfg({argv!r} + ['run_dir={tmp_path}']), '{tmp_path}')")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = fake_devices(8)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "ConfigError" in out.stderr
     for word in words:
@@ -63,7 +62,7 @@ def test_mesh_sizes_that_cannot_fill_the_devices(tmp_path):
     code = ("from stack.build import build; from tests.conftest import make_cfg; "
             f"build(make_cfg(['mesh=fsdp_tp', 'mesh.tensor=3', 'model.n_heads=6', 'model.n_kv_heads=3', "
             f"'model.d_model=96']), '{tmp_path}')")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = fake_devices(8)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "multiply to 3" in out.stderr and "8 devices" in out.stderr
 
@@ -73,7 +72,7 @@ DPO_MESHES = [f"algorithm=dpo data=jsonl_prefs data.batch_size=8 {m}" for m in
 
 
 def test_dpo_under_every_mesh_matches_single_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = fake_devices(8)
     out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *DPO_MESHES], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -92,7 +91,7 @@ PRECOMPUTED = [f"algorithm=dpo data=jsonl_prefs data.batch_size=8 algorithm.prec
 
 
 def test_lora_qlora_and_precomputed_dpo_under_meshes_match_single_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = fake_devices(8)
     out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *ADAPTED, *PRECOMPUTED], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -103,3 +102,16 @@ def test_lora_qlora_and_precomputed_dpo_under_meshes_match_single_device():
         assert single[-1] < single[0] - 1e-3  # and the policy moves
         for mesh in group[1:]:
             assert losses[mesh] == pytest.approx(single, abs=1e-5), mesh
+
+
+@pytest.mark.parametrize("overrides", [["mesh=fsdp_tp", "mesh.tensor=2"],
+                                       ["+recipe=llama_dpo", "mesh=fsdp", "trainer.grad_accum=2"]],
+                         ids=["sft-fsdp_tp", "dpo-fsdp-accum"])
+def test_mode_compile_lowers_the_train_step_that_training_runs(overrides):
+    """One function makes the step for both paths: the StableHLO texts are equal, line for line."""
+    out = subprocess.run([sys.executable, "-m", "tests.integration.hlo_worker", *overrides], cwd=REPO,
+                         env=fake_devices(8), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 8 and result["lines"] > 100
+    assert result["equal"], result["diff"]

@@ -14,17 +14,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 from stack.logging.wandb_reader import read_offline_run
-from tests.conftest import run_cli
+from tests.conftest import fake_devices, run_cli
+from tests.conftest import train_losses as losses
 
 ARGS = ["+recipe=llama_sft", "checkpoint=local", "checkpoint.every=7", "checkpoint.keep=3", "trainer.steps=30",
         "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "data.batch_size=8"]
-
-
-def losses(run_dir) -> dict[int, float]:
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    steps = [r["step"] for r in rows if "train/loss" in r]
-    assert len(steps) == len(set(steps)), "a step was logged twice"
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
 def start(args, cwd) -> subprocess.Popen:
@@ -91,9 +85,11 @@ def test_corrupt_newest_step_is_skipped_and_config_changes_are_refused(tmp_path,
     run_dir = tmp_path / "run"
     assert run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path)).returncode == 0
     assert sorted(os.listdir(run_dir / "checkpoints"), key=int) == ["21", "28", "30"]  # keep=3, final save
-    meta = ocp.CheckpointManager(str(run_dir / "checkpoints")).restore(
-        30, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    assert meta["step"] == 30 and meta["resolved_config"]["trainer"]["steps"] == 30 and len(meta["rng"]) == 2
+    saved = ocp.CheckpointManager(str(run_dir / "checkpoints")).restore(
+        30, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), state=ocp.args.StandardRestore()))
+    meta, state = saved.meta, saved.state
+    assert meta["step"] == 30 and meta["resolved_config"]["trainer"]["steps"] == 30 and meta["format"] == 2
+    assert int(state["step"]) == 30 and np.asarray(state["key"]).shape == (2,)  # the TrainState's step and key
     changed = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}", "model.d_ff=96", "optimizer.lr=0.01"],
                       cwd=str(tmp_path))
     assert changed.returncode == 2
@@ -156,7 +152,7 @@ def test_multi_tier_resumes_from_the_newest_step_across_tiers(tmp_path, referenc
 
 def test_restore_onto_another_mesh_from_another_run(tmp_path, reference):
     """8 devices with fsdp write the checkpoint; 8 devices with dp resume it (resume=PATH)."""
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = fake_devices(8)
     a, b = tmp_path / "a", tmp_path / "b"
     assert run_cli(ARGS + ["logger=jsonl", "mesh=fsdp", f"run_dir={a}"], cwd=str(tmp_path), env=env).returncode == 0
     for step in ("28", "30"):
@@ -170,8 +166,11 @@ def test_restore_onto_another_mesh_from_another_run(tmp_path, reference):
 
 
 def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
+    from flax import nnx
+
     from stack.algorithms.dpo import DPO
     from stack.models.llama import init_model
+    from stack.quant import NoQuantization
     from tests.conftest import make_cfg
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -185,10 +184,11 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
 
     model = init_model(make_cfg(["algorithm=dpo", "data=jsonl_prefs"]).model, 0)
     own = np.asarray(model.embed.embedding.value)
-    frozen = DPO(reference={"init_from": str(a / "checkpoints")}).frozen(model)
+    reference = DPO(reference={"init_from": str(a / "checkpoints")}).setup(model, NoQuantization()).frozen["reference"]
     saved = ocp.CheckpointManager(str(a / "checkpoints")).restore(
-        10, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]
-    np.testing.assert_array_equal(np.asarray(frozen["embed"]["embedding"].value), saved["embed"]["embedding"]["value"])
+        10, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]["policy"]
+    frozen = nnx.state(reference, nnx.Param)
+    np.testing.assert_array_equal(np.asarray(frozen["embed"]["embedding"][...]), saved["embed"]["embedding"]["value"])
     assert not np.array_equal(own, saved["embed"]["embedding"]["value"])
     np.testing.assert_array_equal(np.asarray(model.embed.embedding.value), own)  # the policy is untouched
 

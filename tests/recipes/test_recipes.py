@@ -10,7 +10,7 @@ import pytest
 
 from stack.run import run
 from stack.schema import recipe_files
-from tests.conftest import REPO, make_cfg
+from tests.conftest import REPO, make_cfg, read_metrics
 
 SHRINK = ["trainer.steps=30", "trainer.log_every=10", "trainer.eval_every=0",
           "trainer.eval_batches=2", "logger=jsonl"]
@@ -23,7 +23,7 @@ def test_recipe_matches_expected(recipe, tmp_path):
     path = os.path.join(REPO, "recipes", "expected", f"{recipe}.json")
     cfg = make_cfg([f"+recipe={recipe}", *SHRINK, f"run_dir={tmp_path}"])
     run(cfg)
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = read_metrics(tmp_path)
     final = {k: [r[k] for r in rows if k in r][-1] for k in KEYS}
     if os.environ.get("STACK_RECORD") == "1":
         with open(path, "w") as f:

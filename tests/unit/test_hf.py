@@ -19,6 +19,7 @@ from stack.errors import ConfigError  # noqa: E402
 from stack.models.hf import check_config, export_hf, hf_config_to_model, load_hf_weights  # noqa: E402
 from stack.models.llama import abstract_model  # noqa: E402
 from stack.schema.model import ModelConfig, RopeScalingConfig  # noqa: E402
+from tests.conftest import fake_devices  # noqa: E402
 
 SEQ = 48
 SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -113,7 +114,7 @@ def test_load_keeps_mesh_sharding(tmp_path):
     cfg, ids = our_cfg(), tokens()[:, :8]
     fields = {k: getattr(cfg, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                                            "d_ff", "max_seq_len", "norm_eps")}
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = {**fake_devices(4), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-c", MESH_WORKER, str(tmp_path), json.dumps(fields),
                            json.dumps(ids.tolist())], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,6 +1,5 @@
 """WandbSink writes offline runs that read_offline_run reads back; online falls back to offline."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -40,15 +39,12 @@ def metrics(history, key):
 
 
 def test_offline_run_round_trips(tmp_path):
-    start = time.monotonic()
     sink = WandbSink(make_cfg(), str(tmp_path / "job"), CONFIG, group="sweep-1", name="job-0")
-    init_s = time.monotonic() - start
     sink.log(0, {"train/loss": 2.5})
     sink.log(10, {"train/loss": 1.25})
     sink.log(20, {"train/loss": 0.123456789, "eval/loss": 0.75})
     sink.close(summary={"eval/best_loss": 0.75, "tokens": 12345})
 
-    assert init_s < 10
     assert Path(sink.run_dir).name.startswith("offline-run-") and sink.run_id in sink.run_dir
     run = read_offline_run(tmp_path / "job")
     assert run["id"] == sink.run_id
@@ -113,15 +109,12 @@ def test_online_without_network_falls_back_to_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # closed local port
     cfg = make_cfg(mode="online", init_timeout=2.0)
 
-    start = time.monotonic()
     with pytest.warns(RuntimeWarning, match="falling back to offline run fallback1"):
         sink = WandbSink(cfg, str(tmp_path / "job"), CONFIG, run_id="fallback1")
-    elapsed = time.monotonic() - start
     sink.log(0, {"train/loss": 1.5})
     sink.log(10, {"train/loss": 0.5})
     sink.close(summary={"best": 0.5})
 
-    assert elapsed < cfg.init_timeout + 15
     assert sink.run_id == "fallback1" and Path(sink.run_dir).name.startswith("offline-run-")
     run = read_offline_run(tmp_path / "job")
     assert run["id"] == "fallback1" and run["config"] == CONFIG

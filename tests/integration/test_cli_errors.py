@@ -1,0 +1,48 @@
+"""Bad input through the real CLI: one paragraph on stderr, exit code 2, no run dir, no traceback."""
+
+import os
+import subprocess
+import sys
+
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO, run_cli
+
+
+def test_cli_error_is_one_paragraph_with_nonzero_exit(tmp_path):
+    res = run_cli(["model.d_modle=64"], cwd=str(tmp_path))
+    assert res.returncode == 2
+    assert "Did you mean d_model?" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "outputs"), "a run dir was made for a bad config"
+
+
+def test_cli_full_error_shows_traceback(tmp_path):
+    res = run_cli(["model.d_modle=64"], cwd=str(tmp_path), env={"HYDRA_FULL_ERROR": "1"})
+    assert res.returncode != 0 and "Traceback" in res.stderr
+
+
+def test_build_time_error_is_clean(tmp_path):
+    res = run_cli(["data=jsonl_sft", "data.path=/nonexistent/*.jsonl", f"run_dir={tmp_path}/r"], cwd=REPO)
+    assert res.returncode == 2
+    assert "'data.path'" in res.stderr and "/nonexistent/*.jsonl" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_data_kind_and_vocab_are_checked_against_algorithm_and_model(tmp_path):
+    for args, message in [
+        (["data=jsonl_prefs"], "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text"),
+        (["model.vocab_size=200"], "'model.vocab_size'=200 is smaller than the tokenizer's vocabulary (259"),
+    ]:
+        res = run_cli(args + ["mode=validate"], cwd=str(tmp_path))
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_cfg_job_prints_config_without_importing_jax():
+    code = ("import sys; from stack.app import preflight; preflight(['+recipe=llama_sft', '--cfg', 'job']); "
+            "assert 'jax' not in sys.modules, 'jax was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    out = subprocess.run([sys.executable, "-m", "stack", "+recipe=llama_sft", "--cfg", "job"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    cfg = OmegaConf.create(out)
+    assert cfg.data.name == "jsonl_sft" and cfg.model.d_model == 64

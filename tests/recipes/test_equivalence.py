@@ -1,0 +1,52 @@
+"""Behaviour kept across refactors: the recipes' per-step losses and eval metrics equal those
+recorded on main before the trainer redesign (tests/fixtures/pre_trainer_redesign.json)."""
+
+import json
+import os
+
+import pytest
+
+from stack.build import build
+from stack.trainer import Trainer
+from stack.trainer.context import COMPLETED, Hook
+from tests.conftest import REPO, captured, make_cfg
+
+FIXTURE = json.load(open(os.path.join(REPO, "tests", "fixtures", "pre_trainer_redesign.json")))
+# the recipe as recorded (its full schedule), logging every step; checkpoints do not change the math
+RUN = ["trainer.log_every=1", "logger=jsonl", "checkpoint=none"]
+
+
+class StopAt(Hook):
+    """Ends the run after `step` (the schedule still runs to trainer.steps)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def after_round(self, run) -> None:
+        if run.step >= self.step:
+            run.status = COMPLETED
+
+
+def run_recipe(name: str, tmp_path, stop: int | None = None):
+    exp, cap = captured(build(make_cfg([f"+recipe={name}", *RUN, f"run_dir={tmp_path}"]), str(tmp_path)))
+    trainer = Trainer(exp)
+    if stop:
+        trainer.hooks.append(StopAt(stop))
+    return trainer.run(), [r["train/loss"] for r in cap.rows if "train/loss" in r]
+
+
+@pytest.mark.parametrize("recipe", sorted(FIXTURE["recipes"]))
+def test_first_50_losses_and_the_starting_eval_are_unchanged(recipe, tmp_path):
+    want = FIXTURE["recipes"][recipe]
+    summary, losses = run_recipe(recipe, tmp_path, stop=50)
+    assert losses == pytest.approx(want["train_loss_first_50"], abs=1e-6, rel=0)
+    assert summary.eval_at_start == pytest.approx(want["eval_at_start"], abs=1e-6, rel=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(FIXTURE["recipes"]))
+def test_the_full_recipe_ends_at_the_recorded_eval_metrics(recipe, tmp_path):
+    want = FIXTURE["recipes"][recipe]
+    summary, _ = run_recipe(recipe, tmp_path)
+    assert summary.final_step == want["final_step"]
+    assert summary.eval == pytest.approx(want["final_eval"], abs=1e-6, rel=0)
