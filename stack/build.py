@@ -1,6 +1,6 @@
 """Config -> objects. The only caller of `hydra.utils.instantiate` in the project.
 
-Order: hardware -> mesh -> algorithm -> data -> model -> quantization -> optimizer -> loggers.
+Order: hardware -> mesh -> algorithm -> data -> model -> quantization -> optimizer -> rewards -> loggers.
 """
 
 from collections.abc import Iterable, Sequence
@@ -24,7 +24,8 @@ from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.hf import load_hf_weights
 from stack.models.llama import abstract_model, init_model
 from stack.parallel import check_layout, logical_rules, make_mesh
-from stack.quant import NoQuantization, Lora, make_quantization
+from stack.quant import Lora, NoQuantization, make_quantization
+from stack.rewards import RewardRunner, make_rewards
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Experiment:
     sinks: tuple[Sink, ...] = ()
     checkpointer: Checkpointer | None = None  # None: shape-only (validate / compile)
     wandb_id: str | None = None
+    rewards: RewardRunner | None = None  # the `reward` group, for algorithms that score on the host
 
 
 def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -131,12 +133,13 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
         model = quant.apply(initial_model(cfg, abstract), abstract)
     tx, schedule = make_optimizer(cfg.optimizer)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
+    rewards = make_rewards(cfg.reward, tuple(cfg.allow_targets))
     if abstract:
         return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                          flops, 0.0)
+                          flops, 0.0, rewards=rewards)
     checkpointer = Checkpointer(cfg, run_dir)
     wandb_id = (checkpointer.latest_meta() or {}).get("wandb_id")  # a resumed run continues its wandb run
     sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                      flops, peak_flops_per_device(cfg.hardware, run_dir), sinks, checkpointer, wandb_id)
+                      flops, peak_flops_per_device(cfg.hardware, run_dir), sinks, checkpointer, wandb_id, rewards)

@@ -245,11 +245,13 @@ def load_params(model: Any, path: str, step: int | None = None) -> int:
         saved = saved["policy"]
     for keys, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         node = saved
-        for k in (*map(str, keys), "value"):
+        for k in map(str, keys):
             if not isinstance(node, dict) or k not in node:
                 raise ConfigError(f"Checkpoint {path}/{step} has no param {'.'.join(map(str, keys))}: "
                                   "it was written for another model.")
             node = node[k]
+        if isinstance(node, dict):  # format 1 kept each param's nnx Variable wrapper: {"value": array}
+            node = node["value"]
         if tuple(node.shape) != tuple(var.value.shape):
             raise ConfigError(f"Checkpoint {path}/{step}: param {'.'.join(map(str, keys))} has shape "
                               f"{tuple(node.shape)}, the model expects {tuple(var.value.shape)}.")

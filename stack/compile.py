@@ -120,7 +120,7 @@ def abstract_run(exp: Experiment) -> AbstractRun:
              for k, v in exp.eval_batches[0].items() if v.dtype.kind in "biuf"}
     frozen = abstract_frozen(exp, parts)
     collect = lambda s, f, b: programs.collect(s, f, b, True)  # noqa: E731
-    xp = jax.eval_shape(collect, state, frozen, batch)
+    xp = jax.eval_shape(collect, state.models_only(), frozen, batch)
     if exp.algorithm.precomputes:  # the columns ride with the data; no frozen modules in training
         batch, frozen = {**batch, **{k: v for k, v in xp.items() if k not in batch}}, None
     xp = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding), xp)
@@ -149,10 +149,13 @@ def lower_and_compile(exp: Experiment, r: AbstractRun) -> tuple[CompileReport, C
     """AOT-compile `exp`'s update and collect programs for abstract inputs and measure them."""
     t0 = time.perf_counter()
     update = lower_update(exp, r)
-    with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
-        collect = r.programs.collect.lower(r.state, r.frozen, r.batch, True)
+    collect = None
+    if exp.algorithm.collect is not None:  # else the batch is the experience: no program
+        with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
+            collect = r.programs.collect.lower(r.state.models_only(), r.frozen, r.batch, True)
     lower_seconds = time.perf_counter() - t0
-    return replace(program_report(update), lower_seconds=lower_seconds), program_report(collect)
+    return (replace(program_report(update), lower_seconds=lower_seconds),
+            program_report(collect) if collect is not None else CompileReport(0, 0, 0, 0, 0, None, 0.0, 0.0, 0.0))
 
 
 def _size(b: float, unit: str = "") -> str:
@@ -213,8 +216,10 @@ def compile_for_target(cfg: Any) -> int:
         return _does_not_fit(max(need + [state]), hbm or 0, " (the compiler ran out of HBM)")
     print(f"lower {update.lower_seconds:.1f}s, compile {update.compile_seconds + collect.compile_seconds:.1f}s")
     _print_program("per device (train step):", update)
-    _print_program("per device (collect, once per round):", collect)
-    total = max(update.total_bytes, collect.total_bytes)  # each program's arguments: all that is resident
+    if exp.algorithm.collect is not None:
+        _print_program("per device (collect, once per round):", collect)
+    # each program's arguments are what is resident while it runs (collect's: all but the optimizer state)
+    total = max(update.total_bytes, collect.total_bytes + bytes_per_device(r.state.opt_state))
     share = f" of {_size(hbm)} HBM ({total / hbm:.0%})" if hbm else " (no HBM size in the config)"
     print(f"per device total: {_size(total)}{share}")
     _print_flops(exp, update, collect, n)

@@ -25,7 +25,7 @@ def _added(programs: Any, state: Any, frozen: Any, batch: dict[str, np.ndarray],
            train: bool) -> dict[str, jax.Array]:
     """The columns `collect` adds to one host batch, per row ([rows, ...])."""
     device, _ = global_batch([batch], sharding)
-    xp = programs.collect(state, frozen, device, train)
+    xp = programs.collect(state.models_only(), frozen, device, train)
     return {k: v[0] for k, v in xp.items() if k not in device}
 
 

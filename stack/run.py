@@ -12,8 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from stack.build import build
 from stack.errors import ConfigError, RunFailed
+from stack.schema import objective_of
 from stack.summary import Summary
 from stack.trainer import train
+from stack.warm_start import warm_start
 
 
 def _hydra_context() -> tuple[str | None, str | None, str | None]:
@@ -38,23 +40,25 @@ def check(cfg: DictConfig) -> None:
 
 
 def describe(s: Summary, objective: str) -> str:
-    """The one-line account of a finished run."""
+    """The one-line account of a finished run: its objective from the first eval to the last."""
     resumed = f" (resumed after step {s.first_step - 1})" if s.first_step > 1 else ""
     perf = s.perf
-    value = s.metric(objective)
+    value, start = s.metric(objective), s.eval_at_start.get(objective)
+    change = f"{start:.4f} -> " if start is not None else ""
     return (f"done: {s.final_step} steps{resumed} in {perf.get('seconds', 0.0):.1f}s "
             f"(compile {perf.get('compile_seconds', 0.0):.1f}s) | train/loss {s.train.get('train/loss', math.nan):.4f} | "
-            f"eval/loss {s.eval_at_start.get('eval/loss', math.nan):.4f} -> {s.eval.get('eval/loss', math.nan):.4f} | "
-            f"{perf.get('perf/tokens_per_sec', 0.0):,.0f} tok/s, MFU {perf.get('perf/mfu', 0.0):.1%} | "
-            f"{objective} {value if value is None else f'{value:.4f}'} | {s.run_dir}")
+            f"{objective} {change}{value if value is None else f'{value:.4f}'} | "
+            f"{perf.get('perf/tokens_per_sec', 0.0):,.0f} tok/s, MFU {perf.get('perf/mfu', 0.0):.1%} | {s.run_dir}")
 
 
 def train_run(cfg: DictConfig) -> Summary:
-    """`mode=train`: write the resolved config to the run dir, build, train; the Summary."""
+    """`mode=train`: the warm-start stage if any, then write the resolved config to the run
+    dir, build, train; the Summary."""
     output_dir, group, name = _hydra_context()
     run_dir = cfg.run_dir or output_dir
     if not run_dir:
         raise ConfigError("'run_dir' is not set and no Hydra output dir exists; set run_dir=PATH.")
+    cfg = warm_start(cfg, run_dir, train_run)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
@@ -64,6 +68,7 @@ def train_run(cfg: DictConfig) -> Summary:
         summary = train(exp)
     finally:
         exp.checkpointer.close()  # the last async save completes before the process ends
+        exp.rewards.close()  # reward worker processes
         for sink in exp.sinks:
             sink.close(summary.metrics() if summary else None)
     return summary
@@ -80,11 +85,12 @@ def run(cfg: DictConfig) -> Any:
     summary = train_run(cfg)
     if summary.status == "preempted":
         print(f"{summary.message}: checkpoint saved; rerun the same command to resume.", flush=True)
-    objective = summary.metric(cfg.trainer.objective)
+    name = objective_of(cfg)
+    objective = summary.metric(name)
     if objective is None and summary.status == "completed":
-        raise ConfigError(f"'trainer.objective'={cfg.trainer.objective!r} is not a metric of the run; "
+        raise ConfigError(f"'trainer.objective'={name!r} is not a metric of the run; "
                           f"available: {', '.join(sorted(summary.metrics()))}.")
-    print(describe(summary, cfg.trainer.objective), file=sys.stdout)
+    print(describe(summary, name), file=sys.stdout)
     if summary.status == "stopped_nonfinite":
         raise RunFailed(summary.message)
     return objective

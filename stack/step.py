@@ -4,6 +4,8 @@
 extra trained module), the rest of the modules' state (frozen base weights, quantized
 weights: passed through the step, never a compiled constant), the optimizer state, the
 algorithm state, the optimizer step count and the run's base PRNG key (raw key data).
+Module states are pure nested dicts (`nnx.to_pure_dict`), merged with their graph inside
+the jitted programs: flattening them on every call costs a fifth of an `nnx.State`'s.
 
 `make_programs` returns the four jitted functions the trainer runs each round (collect,
 finalize, update, evaluate); `mode=compile` lowers the very same functions for abstract
@@ -26,7 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from stack.algorithms.base import Batch, Metrics, ratio
+from stack.algorithms.base import Batch, Context, Metrics, ratio
 from stack.parallel import layout_on, opt_state_shardings
 
 LOSS, COLLECT, EVAL = 1, 2, 3  # purposes of the run's key (fold_in), then per step
@@ -36,9 +38,9 @@ SAVED = ("params", "opt_state", "algo", "step", "key")  # what a checkpoint hold
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class TrainState:
-    params: Any  # nnx.State of the trained variables of `Models`
-    rest: Any  # nnx.State of everything else in `Models` (e.g. LoRA's frozen base)
-    opt_state: Any
+    params: Any  # the trained variables of `Models`, a pure nested dict of arrays
+    rest: Any  # everything else in `Models` (e.g. LoRA's frozen base), likewise
+    opt_state: Any  # None in the view `collect` and `evaluate` get (see `models_only`)
     algo: Any  # the algorithm's state (e.g. an adaptive KL coefficient); () if none
     step: jax.Array  # int32 scalar: optimizer steps done
     key: jax.Array  # uint32 key data of jax.random.key(seed)
@@ -46,6 +48,10 @@ class TrainState:
     def saved(self) -> dict[str, Any]:
         """The part a checkpoint holds (`rest` is rebuilt from the config on every start)."""
         return {name: getattr(self, name) for name in SAVED}
+
+    def models_only(self) -> "TrainState":
+        """The state without the optimizer's: what `collect` and `evaluate` read."""
+        return replace(self, opt_state=None)
 
 
 class Models(nnx.Module):
@@ -77,11 +83,13 @@ class Parts:
 
 def split_models(exp: Any) -> Parts:
     """Run the algorithm's `setup` on the policy and split the modules into states."""
-    setup = exp.algorithm.setup(exp.model, exp.quant)
+    setup = exp.algorithm.setup(exp.model, Context(exp.quant, exp.tokenizer, exp.rewards))
     graphdef, params, rest = nnx.split(Models(policy=exp.model, **setup.trained),
                                        trained_filter(exp.quant.trainable), ...)
     frozen_graphdef, frozen = nnx.split(Models(**setup.frozen)) if setup.frozen else (None, None)
-    return Parts(graphdef, params, rest, frozen_graphdef, frozen, setup.state)
+    pure = nnx.to_pure_dict
+    return Parts(graphdef, pure(params), pure(rest), frozen_graphdef, frozen if frozen is None else pure(frozen),
+                 setup.state)
 
 
 def state_shardings(exp: Any, parts: Parts) -> TrainState:
@@ -156,10 +164,18 @@ def accumulate(loss_fn: Callable, params: Any, micro: Batch, key: jax.Array) -> 
 class Programs:
     """The jitted functions of a run (see the module docstring of stack.algorithms.base)."""
 
-    collect: Callable  # (state, frozen, batch, train) -> xp
+    collect: Callable  # (state.models_only(), frozen, batch, train) -> xp
     finalize: Callable  # (xp, scores, algo state) -> (xp, algo state, metrics)
     update: Callable  # (state, frozen, xp, minibatch index) -> (state, metrics); state donated
-    evaluate: Callable  # (state, frozen, xp, scores) -> metrics
+    evaluate: Callable  # (state.models_only(), frozen, xp, scores) -> metrics
+
+
+def _pass_batch(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Batch:
+    return batch
+
+
+def _pass_xp(xp: Batch, scores: Any, algo: Any) -> tuple[Batch, Any, Metrics]:
+    return xp, algo, {}
 
 
 def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
@@ -187,10 +203,11 @@ def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
 
     replicated = NamedSharding(exp.mesh, PartitionSpec())
     # keep_unused: every input stays a program argument, so XLA's memory analysis of each
-    # program counts all that is resident while it runs (mode=compile reports it)
+    # program counts all that is resident while it runs (mode=compile reports it).
+    # An algorithm without collect / finalize gets a plain pass-through: no program to run.
     return Programs(
-        collect=jax.jit(collect, static_argnums=3, keep_unused=True),
-        finalize=jax.jit(alg.finalize),
+        collect=jax.jit(collect, static_argnums=3, keep_unused=True) if alg.collect else _pass_batch,
+        finalize=jax.jit(alg.finalize) if alg.finalize else _pass_xp,
         update=jax.jit(update, donate_argnums=0, out_shardings=(shardings, replicated), keep_unused=True),
         evaluate=jax.jit(evaluate, out_shardings=replicated),
     )

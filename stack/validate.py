@@ -6,6 +6,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from stack.errors import ConfigError, bad_choice, unknown_key
+from stack.rewards import check_name
 
 # `_target_` prefixes that build() may import; `allow_targets` adds more (explicit opt-in).
 TRUSTED_TARGETS = ("stack.", "optax.", "flax.", "jax.", "qwix.", "grain.", "orbax.")
@@ -56,7 +57,21 @@ def validate(cfg: DictConfig) -> None:
     _check_checkpoint(cfg.checkpoint)
     _check_quantization(cfg.quantization)
     _check_algorithm(cfg)
+    _check_reward(cfg)
     check_targets(cfg, tuple(cfg.allow_targets))
+
+
+def _check_reward(cfg: DictConfig) -> None:
+    r = cfg.reward
+    if not r.functions:
+        raise ConfigError("'reward.functions' is empty: list at least one (accuracy, format, length, or pkg.module.fn).")
+    for name in r.functions:
+        check_name(name, tuple(cfg.allow_targets))
+    if r.weights is not None and len(r.weights) != len(r.functions):
+        raise ConfigError(f"'reward.weights' has {len(r.weights)} entries for {len(r.functions)} functions "
+                          f"({list(r.functions)}); give one weight per function or null.")
+    if not r.timeout > 0:
+        raise ConfigError(f"'reward.timeout'={r.timeout} must be > 0 (seconds per batch).")
 
 
 def _check_algorithm(cfg: DictConfig) -> None:

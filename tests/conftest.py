@@ -5,12 +5,18 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Tests share compiled programs through jax's persistent compilation cache (this process, the
+# xdist workers and every subprocess inherit it): most tests compile the same tiny programs.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "stack-tests-xla-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # Few steps, one small eval, metrics.jsonl only: the shrink every test run starts from.
 QUICK = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl",

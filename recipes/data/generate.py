@@ -4,7 +4,10 @@ Eval records never appear in training. Half of each file's records use the plain
 half the chat format.
 - sft_{train,eval}.jsonl, sft_train.parquet: the arithmetic task ("a+b=" -> "a+b") as
   {"prompt","completion"} / {"messages": [...]}
-- prompts_{train,eval}.jsonl: the arithmetic task as {"prompt","answer"} for verifiable-reward RL
+- prompts_{train,eval}.jsonl: the arithmetic task as {"prompt","answer"} for verifiable-reward RL,
+  both drawn from the held-out problems (`arithmetic_problems` holds out the pairs whose units
+  digits are equal, never seen by SFT) and disjoint from each other: RL teaches the model a kind
+  of problem its SFT warm start only partly generalises to, and is measured on unseen ones
 - prefs_{train,eval}.jsonl: the copy task ("copy xkqz=" -> "xkqz") as {"prompt","chosen",
   "rejected"}: the exact copy vs one with a letter changed; chat records use TRL's
   conversational format. (Copying is learnable by a tiny model in a few hundred steps, so
@@ -62,8 +65,8 @@ def prompt(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dic
             "answer": problem["completion"]}
 
 
-def records(make, split: str, n: int, seed: int) -> list[dict]:
-    problems = arithmetic_problems(100, split)
+def records(make, split: str, n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
+    problems = [p for p in arithmetic_problems(100, split) if p["prompt"] not in exclude]
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(problems), size=min(n, len(problems)), replace=False)
     return [make(problems[int(i)], j % 2 == 1, rng) for j, i in enumerate(picks)]
@@ -89,5 +92,7 @@ if __name__ == "__main__":
     write_jsonl("prefs_eval.jsonl", evals)
     held_out = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in evals}
     write_jsonl("prefs_train.jsonl", preferences(2000, seed=2, exclude=held_out))
-    write_jsonl("prompts_train.jsonl", records(prompt, "train", 1000, seed=4))
-    write_jsonl("prompts_eval.jsonl", records(prompt, "eval", 100, seed=5))
+    prompt_evals = records(prompt, "eval", 256, seed=5)
+    write_jsonl("prompts_eval.jsonl", prompt_evals)
+    asked = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in prompt_evals}
+    write_jsonl("prompts_train.jsonl", records(prompt, "eval", 1000, seed=4, exclude=asked))

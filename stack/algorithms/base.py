@@ -5,11 +5,12 @@ The trainer (stack.trainer) runs *rounds*. Each round it
      `batch[n, B, ...]` (numeric columns on device; strings such as a prompt's `answer`
      stay on the host, in `host`);
   2. `xp = collect(models, frozen, state, batch, key, train=True)`: pure and jitted.
-     The identity for SFT; DPO adds the reference's log-probs; an on-policy method
-     samples completions here. `xp` keeps a leading axis of n micro-batches `[n, b, ...]`;
+     DPO adds the reference's log-probs; an on-policy method samples completions here;
+     `collect = None` (SFT) means the batch is the experience (no program runs). `xp`
+     keeps a leading axis of n micro-batches `[n, b, ...]`;
   3. `scores = score(xp, host)`: on the host, optional (`score = None` skips it);
   4. `xp, state, metrics = finalize(xp, scores, state)`: pure and jitted (advantages,
-     whitening, a KL controller's update; the identity for offline methods);
+     whitening, a KL controller's update); `finalize = None` for offline methods;
   5. `epochs × minibatches` optimizer steps. Minibatch i is `xp[i·a:(i+1)·a]` with
      a = `trainer.grad_accum`; the step scans its micro-batches and sums the gradients
      and the `(numerator, denominator)` that `loss` returns: the loss is Σnum / Σden over
@@ -17,9 +18,9 @@ The trainer (stack.trainer) runs *rounds*. Each round it
      `num`/`den` may be vectors of terms (the loss is then Σ_i num_i / den_i, e.g. DPO
      plus an NLL term); `den` counts items (tokens, pairs) and may not depend on params.
 
-`setup(policy, quant)` runs once, before the first round: it returns the extra trained
+`setup(policy, ctx)` runs once, before the first round: it returns the extra trained
 modules (e.g. a value head), the frozen modules the loss or collect reads (e.g. the
-reference: a frozen copy, another checkpoint, or nothing when `quant.base` can switch
+reference: a frozen copy, another checkpoint, or nothing when `ctx.quant.base` can switch
 the adapters off), and the initial algorithm state (a pytree carried in the TrainState
 and checkpointed, e.g. an adaptive KL coefficient). `models` in every function is an
 `nnx.Module` with the policy as `models.policy` and each extra module by its name;
@@ -59,6 +60,15 @@ class Schedule(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Context:
+    """What `setup` may use besides the policy."""
+
+    quant: Any  # the quantization provider (stack.quant); `quant.base`: the adapters-off view
+    tokenizer: Any = None  # stack.data.tokenizers: decodes completions for host scoring
+    rewards: Any = None  # the `reward` group's scorer, for algorithms that score on the host
+
+
+@dataclass(frozen=True)
 class Setup:
     """What `Algorithm.setup` returns."""
 
@@ -73,14 +83,13 @@ class Algorithm(Protocol):
     data_kinds: tuple[str, ...]  # the `data.kind`s whose records it reads
     schedule: Schedule
     precomputes: bool
+    # collect(models, frozen, state, batch, key, train) -> xp, or None: the batch is the experience
+    collect: Callable[..., Batch] | None
     score: Callable[[Batch, dict[str, Any]], Any] | None
+    # finalize(xp, scores, state) -> (xp, state, metrics), or None: nothing to add
+    finalize: Callable[[Batch, Any, Any], tuple[Batch, Any, Metrics]] | None
 
-    def setup(self, policy: nnx.Module, quant: Any) -> Setup: ...
-
-    def collect(self, models: nnx.Module, frozen: nnx.Module | None, state: Any, batch: Batch,
-                key: jax.Array, train: bool) -> Batch: ...
-
-    def finalize(self, xp: Batch, scores: Any, state: Any) -> tuple[Batch, Any, Metrics]: ...
+    def setup(self, policy: nnx.Module, ctx: Context) -> Setup: ...
 
     def loss(self, models: nnx.Module, batch: Batch, frozen: nnx.Module | None, state: Any,
              key: jax.Array) -> tuple[Terms, Metrics]: ...
@@ -117,6 +126,6 @@ def loss_metrics(loss: Callable, models: nnx.Module, xp: Batch, frozen: Any, sta
     return jax.tree.map(lambda x: x.mean(0), map_micro(one, xp))
 
 
-def real_tokens(xp: Batch) -> Metrics:
+def real_tokens(batch: Batch) -> Metrics:
     """`packing_efficiency`: the fraction of input positions holding real tokens (packed or padded rows)."""
-    return {"packing_efficiency": (xp["segment_ids"] > 0).mean()} if "segment_ids" in xp else {}
+    return {"packing_efficiency": (batch["segment_ids"] > 0).mean()} if "segment_ids" in batch else {}

@@ -25,15 +25,15 @@ training (stack.precompute) and stores `ref_logps` with the data state in each c
 no reference model is kept or run during training.
 """
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from stack.algorithms.base import Batch, Metrics, Schedule, Setup, Terms, loss_metrics, map_micro, real_tokens
-from stack.errors import ConfigError
+from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, loss_metrics, map_micro, real_tokens
+from stack.algorithms.reference import Reference
 from stack.schema.algorithm import DPOConfig
 
 LOSS_TYPES = DPOConfig.loss_types
@@ -77,47 +77,28 @@ class DPO:
 
     data_kinds = DPOConfig.data_kinds
     schedule = Schedule()
-    score = None
+    score = finalize = None
 
     def __init__(self, name: str = "dpo", beta: float = 0.1, loss_type: str = "sigmoid",
                  label_smoothing: float = 0.0, sft_weight: float = 0.0, reference: dict[str, Any] | None = None,
                  precompute_reference: bool = False):
         self.name, self.beta, self.loss_type = name, beta, loss_type
         self.label_smoothing, self.sft_weight = label_smoothing, sft_weight
-        self.reference_init_from = (reference or {}).get("init_from")
+        self.reference = Reference((reference or {}).get("init_from"))
         self.precomputes = precompute_reference
-        self._base_view: Callable[[nnx.Module], nnx.Module] | None = None
 
-    def setup(self, policy: nnx.Module, quant: Any) -> Setup:
-        """The frozen reference: a copy of the initial policy (or `reference.init_from`'s params),
-        or none when the quantization provider gives the base view (LoRA: adapters off)."""
-        if quant.base is not None:
-            if self.reference_init_from:
-                raise ConfigError("'algorithm.reference.init_from' cannot be combined with LoRA "
-                                  "(quantization.method=lora): the reference is the base model with adapters off.")
-            self._base_view = quant.base
-            return Setup()
-        graphdef, state = nnx.split(policy)
-        copy = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, state)
-        reference = nnx.merge(graphdef, copy)
-        shape_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(copy))  # mode=compile
-        if self.reference_init_from and not shape_only:
-            from stack.checkpoint import load_params
-
-            load_params(reference, self.reference_init_from)
-        return Setup(frozen={"reference": reference})
+    def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
+        """The frozen reference (stack.algorithms.reference)."""
+        return Setup(frozen=self.reference.setup(policy, ctx))
 
     def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
                 train: bool) -> Batch:
         """The batch plus the reference's sequence log-probs `ref_logps` [n, B, 2] (unless precomputed)."""
         if "ref_logps" in batch:
             return batch
-        reference = frozen.reference if frozen is not None else self._base_view(models.policy)
+        reference = self.reference.model(models, frozen)
         ref = map_micro(lambda b: _logps(reference, _fold(b))[0].reshape(-1, 2), batch)
         return {**batch, "ref_logps": jax.lax.stop_gradient(ref)}
-
-    def finalize(self, xp: Batch, scores: Any, state: Any) -> tuple[Batch, Any, Metrics]:
-        return xp, state, real_tokens(xp)
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         return int(batch["inputs"].size)
@@ -145,6 +126,7 @@ class DPO:
             "rewards/accuracies": (chosen > rejected).astype(jnp.float32).mean(),
             "logps/chosen": policy[0::2].mean(),
             "logps/rejected": policy[1::2].mean(),
+            **real_tokens(batch),
         }
 
     def evaluate(self, models: nnx.Module, xp: Batch, scores: Any, frozen: Any, state: Any) -> Metrics:

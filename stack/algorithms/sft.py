@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from stack.algorithms.base import Batch, Metrics, Schedule, Setup, Terms, loss_metrics, real_tokens
+from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, loss_metrics, real_tokens
 from stack.schema.algorithm import SFTConfig
 
 
@@ -22,20 +22,13 @@ class SFT:
     data_kinds = SFTConfig.data_kinds
     schedule = Schedule()
     precomputes = False
-    score = None
+    collect = score = finalize = None  # the batch is the experience
 
     def __init__(self, name: str = "sft", loss_reduction: str = "mean"):
         self.name, self.loss_reduction = name, loss_reduction
 
-    def setup(self, policy: nnx.Module, quant: Any) -> Setup:
+    def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         return Setup()
-
-    def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
-                train: bool) -> Batch:
-        return batch
-
-    def finalize(self, xp: Batch, scores: Any, state: Any) -> tuple[Batch, Any, Metrics]:
-        return xp, state, real_tokens(xp)
 
     def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
         logits = models.policy(batch["inputs"], positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
@@ -43,7 +36,7 @@ class SFT:
         mask = batch["loss_mask"].astype(jnp.float32)
         tokens = mask.sum()
         den = tokens if self.loss_reduction == "mean" else jnp.ones(())
-        return ((nll * mask).sum(), den), {"loss_tokens": tokens}
+        return ((nll * mask).sum(), den), {"loss_tokens": tokens, **real_tokens(batch)}
 
     def evaluate(self, models: nnx.Module, xp: Batch, scores: Any, frozen: Any, state: Any) -> Metrics:
         return loss_metrics(self.loss, models, xp, frozen, state)

@@ -7,7 +7,8 @@ resume it exactly (the checkpoint stores that state).
 
 Columns computed once per record before training (e.g. DPO reference log-probs,
 `Batches.with_columns`) are tables indexed by the record's position in the source; each
-row carries its record's entries, whatever the shuffle order.
+row carries its record's entries, whatever the shuffle order. Prompt rows always carry
+`index`, their record's position (generation keys are derived from it).
 """
 
 from collections.abc import Iterator, Sequence
@@ -105,6 +106,8 @@ class Batches:
         train = split == "train"
         self._source = Tolerant(source) if cfg.skip_bad_records else source
         pack = cfg.packing and cfg.kind in ("text", "sft")
+        if cfg.kind == "prompt":  # sampling keys and reward columns need the record's index
+            columns = {"index": np.arange(len(source), dtype=np.int32), **(columns or {})}
         self._encoder = Encoder(cfg.kind, tokenizer, cfg.chat_template, cfg.seq_len, cfg.truncation,
                                 pack, cfg.skip_bad_records, cfg.max_bad_fraction, len(source))
         ds = grain.MapDataset.source(self._source)

@@ -28,7 +28,8 @@ class ByteTokenizer:
         return [b + self.offset for b in text.encode("utf-8")]
 
     def decode(self, ids: list[int]) -> str:
-        data = bytes(i - self.offset for i in ids if i >= self.offset)
+        """The text of `ids`; specials and ids past the vocabulary (a larger model vocab) are skipped."""
+        data = bytes(i - self.offset for i in ids if self.offset <= i < self.vocab_size)
         return data.decode("utf-8", errors="replace")
 
 
@@ -62,7 +63,7 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids)
+        return self._tok.decode([i for i in ids if i < self.vocab_size])  # a model vocab may be larger
 
 
 class SentencePieceTokenizer:
@@ -89,7 +90,7 @@ class SentencePieceTokenizer:
         return self._sp.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return self._sp.decode([int(i) for i in ids])
+        return self._sp.decode([int(i) for i in ids if i < self.vocab_size])  # a model vocab may be larger
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}

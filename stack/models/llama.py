@@ -5,6 +5,11 @@ Every parameter carries logical-axis sharding metadata (`out_sharding`), names a
 `embed`, `layers/<i>/attn/{q,k,v,o}_proj`, `layers/<i>/mlp/{gate,up,down}_proj`,
 `layers/<i>/{attn,mlp}_norm`, `norm`, `lm_head` (absent when embeddings are tied).
 
+Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the keys and
+values of the new tokens into the cache's fixed slots and attends over every valid slot at or before
+each query's; it returns (logits, the updated cache). Without `cache` the call (the
+training graph) is unchanged. `init_cache` makes an empty cache.
+
 Building: in flax 0.12 eager sharding is on by default, so `Llama(cfg, rngs=...)` and even
 `nnx.eval_shape(lambda: Llama(...))` raise "An auto mesh context ... is required" unless a
 mesh is active. Use `init_model(cfg, seed)` (one jitted init) and `abstract_model(cfg)`
@@ -17,7 +22,7 @@ works too: `with nnx.use_eager_sharding(False): Llama(cfg, rngs=nnx.Rngs(0))`.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -89,19 +94,27 @@ class Attention(nnx.Module):
         self.v_proj = _linear(d, kv * head_dim, ("embed", "kv_heads"), cfg, rngs)
         self.o_proj = _linear(h * head_dim, d, ("heads", "embed"), cfg, rngs)
 
-    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: np.ndarray) -> Array:
-        """x [B, T, D], positions [B, T], mask bool [B, T, S] (True = may attend)."""
+    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: np.ndarray,
+                 cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
+        """x [B, T, D], positions [B, T], mask bool [B, T, S] (True = may attend).
+
+        With `cache` = (keys [B, S, kv, hd], values, write index): this call's keys and values
+        are written at the index and attention runs over all S slots; returns (out, (keys, values)).
+        """
         b, t, _ = x.shape
         kv, g, hd = self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim
         q = apply_rope(self.q_proj(x).reshape(b, t, kv * g, hd), positions, inv_freq)
         k = apply_rope(self.k_proj(x).reshape(b, t, kv, hd), positions, inv_freq)
         v = self.v_proj(x).reshape(b, t, kv, hd)
+        if cache is not None:
+            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache[2], 0, 0))
+            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache[2], 0, 0))
         q = q.reshape(b, t, kv, g, hd)  # query head h uses kv head h // g, as HF repeat_kv
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
         scores = jnp.where(mask[:, None, None], scores / math.sqrt(hd), jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        return self.o_proj(out.reshape(b, t, kv * g * hd))
+        out = self.o_proj(jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, kv * g * hd))
+        return out if cache is None else (out, (k, v))
 
 
 class MLP(nnx.Module):
@@ -126,9 +139,14 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: np.ndarray) -> Array:
-        x = x + self.attn(self.attn_norm(x), positions, mask, inv_freq)
-        return x + self.mlp(self.mlp_norm(x))
+    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: np.ndarray,
+                 cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
+        if cache is None:
+            x = x + self.attn(self.attn_norm(x), positions, mask, inv_freq)
+            return x + self.mlp(self.mlp_norm(x))
+        h, kv = self.attn(self.attn_norm(x), positions, mask, inv_freq, cache)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), kv
 
 
 class Llama(nnx.Module):
@@ -151,9 +169,43 @@ class Llama(nnx.Module):
         if not self.tie_embeddings:
             self.lm_head = _linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg, rngs)
 
-    def __call__(self, tokens: Array, positions: Optional[Array] = None,
-                 segment_ids: Optional[Array] = None) -> Array:
-        """Causal forward; with segment_ids a token sees only earlier-or-equal same-id tokens."""
+    def __call__(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
+                 cache: Optional[KVCache] = None, targets: Optional[Array] = None, temperature: float = 1.0,
+                 chunk: int = 128) -> Any:
+        """Causal forward; with segment_ids a token sees only earlier-or-equal same-id tokens.
+
+        With `cache`: (logits, updated cache); `segment_ids` > 0 marks this call's real tokens.
+        With `targets` [B, N]: (log-probs [B, N], entropies [B, N]) of the targets under the
+        distributions (logits / temperature) at the last N positions, computed `chunk`
+        positions at a time (never a whole [B, N, vocab] array; recomputed in the backward).
+        Everything goes through `__call__`, the one method Qwix intercepts (LoRA, QAT).
+        """
+        if cache is not None:
+            return self._cached(tokens, positions, segment_ids, cache)
+        x = self.hidden(tokens, positions, segment_ids)
+        if targets is None:
+            return self.head(x)
+        return self._score(x[:, x.shape[1] - targets.shape[1]:], targets, temperature, chunk)
+
+    def _score(self, x: Array, targets: Array, temperature: float, chunk: int) -> tuple[Array, Array]:
+        b, n = targets.shape
+        size = min(chunk, n)
+        pad = -n % size
+        xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, size, x.shape[-1]).swapaxes(0, 1)
+        ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, -1, size).swapaxes(0, 1)
+
+        @jax.checkpoint
+        def one(part: tuple[Array, Array]) -> tuple[Array, Array]:
+            logp = jax.nn.log_softmax(self.head(part[0]) / temperature, axis=-1)
+            chosen = jnp.take_along_axis(logp, part[1][..., None], axis=-1)[..., 0]
+            return chosen, -(jnp.exp(logp) * logp).sum(-1)
+
+        logps, entropy = jax.lax.map(one, (xs, ts))
+        unchunk = lambda a: a.swapaxes(0, 1).reshape(b, -1)[:, :n]  # noqa: E731
+        return unchunk(logps), unchunk(entropy)
+
+    def hidden(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None) -> Array:
+        """The final hidden states [B, T, d_model] (before the last norm): `head` turns them into logits."""
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -164,9 +216,47 @@ class Llama(nnx.Module):
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, positions, mask, inv_freq)
+        return x
+
+    def head(self, x: Array) -> Array:
+        """Float32 logits of hidden states (final norm, then the output projection)."""
         x = self.norm(x)
         logits = self.embed.attend(x) if self.tie_embeddings else self.lm_head(x)
         return logits.astype(jnp.float32)
+
+    def _cached(self, tokens: Array, positions: Array, segment_ids: Optional[Array],
+                cache: KVCache) -> tuple[Array, KVCache]:
+        """The new tokens written at the cache's index; each query sees the valid slots up to its own."""
+        b, t = tokens.shape
+        real = jnp.ones((b, t), bool) if segment_ids is None else segment_ids > 0
+        valid = jax.lax.dynamic_update_slice(cache.valid, real, (0, cache.index))
+        slots, queries = jnp.arange(valid.shape[1]), cache.index + jnp.arange(t)
+        mask = valid[:, None, :] & (slots[None, None, :] <= queries[None, :, None])
+        inv_freq = np.asarray(self.inv_freq, np.float32)
+        x, keys, values = self.embed(tokens), [], []
+        for layer, k, v in zip(self.layers, cache.k, cache.v):
+            x, (k, v) = layer(x, positions, mask, inv_freq, (k, v, cache.index))
+            keys.append(k)
+            values.append(v)
+        return self.head(x), KVCache(tuple(keys), tuple(values), valid, cache.index + t)
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer in fixed slots, for generation (a pytree)."""
+
+    k: tuple[Array, ...]  # per layer [B, S, kv_heads, head_dim]
+    v: tuple[Array, ...]
+    valid: Array  # [B, S] bool: slots that hold a real token
+    index: Array  # int32: the next slot to write
+
+
+def init_cache(model: Llama, batch: int, length: int) -> KVCache:
+    """An empty cache of `length` slots for `batch` rows, in the model's compute dtype."""
+    attn = model.layers[0].attn
+    shape = (batch, length, attn.n_kv_heads, attn.head_dim)
+    zeros = tuple(jnp.zeros(shape, model.dtype) for _ in model.layers)
+    return KVCache(zeros, tuple(jnp.zeros(shape, model.dtype) for _ in model.layers),
+                   jnp.zeros((batch, length), bool), jnp.zeros((), jnp.int32))
 
 
 def _eager_sharding() -> nnx.use_eager_sharding:

@@ -11,7 +11,7 @@ from importlib.resources import files
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from stack.schema.algorithm import AlgorithmConfig, DPOConfig, SFTConfig
+from stack.schema.algorithm import AlgorithmConfig, DPOConfig, GRPOConfig, SFTConfig
 from stack.schema.checkpoint import CheckpointConfig, TierConfig
 from stack.schema.data import DataConfig
 from stack.schema.hardware import HardwareConfig
@@ -20,6 +20,7 @@ from stack.schema.mesh import MeshConfig
 from stack.schema.model import ModelConfig, RopeScalingConfig
 from stack.schema.optimizer import OptimizerConfig
 from stack.schema.quantization import QuantizationConfig
+from stack.schema.reward import RewardConfig
 from stack.schema.root import Config, TrainerConfig
 
 GROUP_SCHEMAS = {
@@ -31,9 +32,15 @@ GROUP_SCHEMAS = {
     "checkpoint": CheckpointConfig,
     "hardware": HardwareConfig,
     "algorithm": AlgorithmConfig,  # each option has its own subclass: schema/algorithm/<name>
+    "reward": RewardConfig,
     "logger": LoggerConfig,
 }
 GROUPS = tuple(GROUP_SCHEMAS)
+
+
+def objective_of(cfg) -> str:
+    """The run's objective metric: `trainer.objective`, else the algorithm schema's default."""
+    return cfg.trainer.objective or OmegaConf.get_type(cfg.algorithm).objective
 
 
 def shipped_data(name: str) -> str:
@@ -81,6 +88,7 @@ def register() -> None:
             cs.store(group="schema", name=group, node=node)
     cs.store(group="schema/algorithm", name="sft", node=SFTConfig)
     cs.store(group="schema/algorithm", name="dpo", node=DPOConfig)
+    cs.store(group="schema/algorithm", name="grpo", node=GRPOConfig)
 
 
 register()
@@ -88,6 +96,6 @@ register()
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "Config", "DataConfig", "GROUPS", "GROUP_SCHEMAS",
     "HardwareConfig", "LoggerConfig", "MeshConfig", "ModelConfig", "OptimizerConfig",
-    "QuantizationConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "TierConfig", "TrainerConfig", "register",
+    "QuantizationConfig", "RewardConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "GRPOConfig", "TierConfig", "TrainerConfig", "register",
     "mesh_axis_size", "recipe_files", "shipped_data", "topology_chips",
 ]

@@ -7,12 +7,21 @@ from typing import Any, List, Optional
 @dataclass
 class TrainerConfig:
     steps: int = 200  # optimizer steps
-    grad_accum: int = 1  # micro-batches per optimizer step (optax.MultiSteps)
+    grad_accum: int = 1  # micro-batches per optimizer step (gradients summed, divided once)
     log_every: int = 10  # the only steps where metrics leave the device
     eval_every: int = 50  # 0: only at the start and the end
     eval_batches: int = 4
-    objective: str = "eval/loss"  # the metric a multirun job returns to the sweeper
+    # the metric a multirun job returns to the sweeper; null: the algorithm's (eval/loss, GRPO: eval/reward)
+    objective: Optional[str] = None
     nan_policy: str = "stop"  # stop | ignore
+
+
+@dataclass
+class WarmStartConfig:
+    """A first stage trained when `model.init_from` is not set (e.g. SFT before GRPO)."""
+
+    recipe: Optional[str] = None  # a recipe name; null: no warm start
+    overrides: List[str] = field(default_factory=list)  # extra overrides of that stage
 
 
 @dataclass
@@ -25,8 +34,10 @@ class Config:
     checkpoint: Any = None
     hardware: Any = None
     algorithm: Any = None
+    reward: Any = None
     logger: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     seed: int = 0
     mode: str = "train"  # train | compile | validate
     run_dir: Optional[str] = None  # None: Hydra's output dir

@@ -12,11 +12,11 @@ from stack.trainer.metrics import window_mean
 def evaluate(run: Run) -> dict[str, float]:
     """Mean `eval/*` metrics over the eval batches: collect (train=False), score, evaluate."""
     programs, score = run.programs, run.exp.algorithm.score
-    out = []
+    out, state = [], run.state.models_only()
     for batch, host in run.eval_batches:
-        xp = programs.collect(run.state, run.frozen, batch, False)
+        xp = programs.collect(state, run.frozen, batch, False)
         scores = score(xp, host) if score is not None else None
-        out.append(programs.evaluate(run.state, run.frozen, xp, scores))
+        out.append(programs.evaluate(state, run.frozen, xp, scores))
     return window_mean(out, "eval/")
 
 

@@ -10,8 +10,8 @@ from stack.hardware import mfu_metrics
 from stack.trainer.context import Hook, Run
 
 
-def is_log_step(run: Run) -> bool:
-    return run.step % run.exp.cfg.trainer.log_every == 0 or run.done
+def is_log_step(run: Run, every: int) -> bool:
+    return run.step % every == 0 or run.done
 
 
 def window_mean(window: list[dict[str, Any]], prefix: str) -> dict[str, float]:
@@ -24,13 +24,13 @@ class MetricsLog(Hook):
     """Keeps each step's metrics on device; at logging steps adds their means as `train/*`,
     the learning rate and the data epoch to the row."""
 
-    def __init__(self, feed: Any):
-        self.feed = feed
+    def __init__(self, feed: Any, every: int):
+        self.feed, self.every = feed, every
         self.window: list[dict[str, jax.Array]] = []
 
     def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
         self.window.append(metrics)
-        if not is_log_step(run):
+        if not is_log_step(run, self.every):
             return
         row.update(window_mean(self.window, "train/"))
         self.window = []
@@ -43,8 +43,8 @@ class Throughput(Hook):
     """perf/* at logging steps (tokens/s, step seconds, data wait, TFLOP/s, MFU) and for the
     whole run; the first step (compilation) is timed apart and left out."""
 
-    def __init__(self, feed: Any):
-        self.feed = feed
+    def __init__(self, feed: Any, every: int):
+        self.feed, self.every = feed, every
         self.wall_start = self.start = self.window_start = self.steady_start = 0.0
         self.window_steps = self.steady_steps = 0
 
@@ -60,7 +60,7 @@ class Throughput(Hook):
             self.steady_start = self.window_start
             return
         self.steady_steps += 1
-        if is_log_step(run) and self.window_steps:
+        if is_log_step(run, self.every) and self.window_steps:
             seconds = run.clock.now() - self.window_start
             row.update(self._rates(run, self.window_steps, seconds))
             row["perf/data_wait_fraction"] = self.feed.waited / seconds

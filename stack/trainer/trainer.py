@@ -33,7 +33,8 @@ def default_hooks(exp, feed: Feed) -> list[Hook]:
     """The side concerns of a run, in the order they see each step."""
     t = exp.cfg.trainer
     guard = NonFinite(t.nan_policy)
-    hooks: list[Hook] = [MetricsLog(feed), Throughput(feed), guard, Evaluation(t.eval_every), Signals()]
+    hooks: list[Hook] = [MetricsLog(feed, t.log_every), Throughput(feed, t.log_every), guard,
+                         Evaluation(t.eval_every), Signals()]
     if exp.checkpointer is not None:
         hooks.append(Checkpointing(exp.checkpointer, guard))
     return hooks
@@ -80,7 +81,7 @@ class Trainer:
     def _round(self, run: Run, pending: Round) -> Round:
         """One round: collect, score, finalize, the optimizer steps; returns the next round's data."""
         batch, host, run.data_state = pending
-        xp = run.programs.collect(run.state, run.frozen, batch, True)
+        xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
         scores = self.alg.score(xp, host) if self.alg.score is not None else None
         xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)
         run.state = replace(run.state, algo=algo)
@@ -111,7 +112,8 @@ class Trainer:
             state = replace(state, **restored.state)
         step = restored.step if restored else 0
         evals = [global_batch([b], self.sharding) for b in exp.eval_batches]
-        run = Run(exp, programs, state, parts.frozen, evals, first_step=step + 1, step=step)
+        run = Run(exp, programs, state, parts.frozen, evals, first_step=step + 1, total_steps=exp.cfg.trainer.steps,
+                  step=step)
         if self.alg.precomputes:  # once per record, or read back; the frozen modules are dropped
             run.columns = restored.columns if restored else precompute_columns(exp, programs, state, parts.frozen)
             batches, evals = attach_columns(exp, run.columns)

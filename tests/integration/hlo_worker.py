@@ -23,7 +23,7 @@ def main(overrides: list[str]) -> None:
     with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
         run = trainer.start()
         batch, _, _ = trainer.feed.read()
-        xp = run.programs.collect(run.state, run.frozen, batch, True)
+        xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
         text_train = run.programs.update.lower(run.state, run.frozen, xp, 0).as_text()
     trainer.feed.close()
     lines = list(zip(text_compile.splitlines(), text_train.splitlines()))

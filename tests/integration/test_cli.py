@@ -159,6 +159,7 @@ def test_bad_record_mid_run_stops_with_file_and_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_dpo_recipe_learns_the_held_out_preferences(tmp_path):
     """+recipe=llama_dpo (shortened to 400 of its 600 steps): held-out accuracy from 0 to > 0.9."""
     run_dir = tmp_path / "run"

@@ -44,3 +44,37 @@ def test_export_loads_in_transformers_and_imports_back(tmp_path):
     final_a = [json.loads(x) for x in open(a / "metrics.jsonl")][-1]["eval/loss"]
     start_b = json.loads(open(b / "metrics.jsonl").readline())["eval/loss"]
     assert start_b == pytest.approx(final_a, rel=1e-5)
+
+
+def generate_cli(path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stack.generate", str(path), *args], capture_output=True, text=True)
+
+
+def test_generate_from_a_checkpoint_and_from_its_hf_export_match_transformers(tmp_path):
+    a, out = tmp_path / "a", tmp_path / "hf"
+    assert run_cli(RUN + ["trainer.steps=20", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path)).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out)],
+                          capture_output=True).returncode == 0
+    prompts = ["--prompt", "12+7=", "--prompt", "3+45="]
+    ours = generate_cli(a / "checkpoints", *prompts, "--greedy", "--max-new-tokens", "5")
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert generate_cli(out, *prompts, "--greedy", "--max-new-tokens", "5").stdout == ours.stdout
+    theirs = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    lines = ours.stdout.splitlines()
+    for prompt, line in zip(("12+7=", "3+45="), lines):
+        ids = torch.tensor([[1] + [b + 3 for b in prompt.encode()]])  # BOS, then bytes (ByteTokenizer)
+        want = theirs.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=2, pad_token_id=0)[0, ids.shape[1]:]
+        text = bytes(t - 3 for t in want.tolist() if 3 <= t < 259).decode(errors="replace")
+        assert line == prompt + text
+    sampled = generate_cli(a / "checkpoints", "--prompt", "12+7=", "--temperature", "0.9", "--top-p", "0.9",
+                           "--num-samples", "3", "--seed", "1")
+    assert sampled.returncode == 0 and len(sampled.stdout.splitlines()) == 3
+
+
+def test_generate_explains_a_bad_path_and_an_impossible_length(tmp_path):
+    res = generate_cli(tmp_path / "nothing", "--prompt", "x")
+    assert res.returncode == 2 and "neither a Hugging Face Llama dir" in res.stderr and "Traceback" not in res.stderr
+    a = tmp_path / "a"
+    assert run_cli(RUN + ["trainer.steps=1", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path)).returncode == 0
+    res = generate_cli(a / "checkpoints", "--prompt", "x", "--max-new-tokens", "5000")
+    assert res.returncode == 2 and "max_seq_len=2048" in res.stderr and len(res.stderr.strip().splitlines()) == 1

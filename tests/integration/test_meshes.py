@@ -115,3 +115,20 @@ def test_mode_compile_lowers_the_train_step_that_training_runs(overrides):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["devices"] == 8 and result["lines"] > 100
     assert result["equal"], result["diff"]
+
+
+GRPO_MESHES = [f"algorithm=grpo data=jsonl_prompts algorithm.num_generations=2 algorithm.max_new_tokens=4 {q} {m}"
+               for q in ("", "quantization=lora optimizer.lr=1e-2")
+               for m in ("mesh=single", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2")]
+
+
+def test_grpo_generation_and_training_under_meshes_and_lora_match_single_device():
+    """The KV cache is laid out by the same logical rules as the activations; sampling keys do
+    not depend on the mesh, so every mesh draws the same completions and gets the same losses."""
+    out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *GRPO_MESHES], cwd=REPO,
+                         env=fake_devices(8), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = json.loads(out.stdout.strip().splitlines()[-1])["losses"]
+    for single, sharded in (GRPO_MESHES[:2], GRPO_MESHES[2:]):
+        assert len(losses[single]) == 5
+        assert losses[sharded] == pytest.approx(losses[single], abs=1e-5), sharded

@@ -168,6 +168,7 @@ def test_restore_onto_another_mesh_from_another_run(tmp_path, reference):
 def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
     from flax import nnx
 
+    from stack.algorithms.base import Context
     from stack.algorithms.dpo import DPO
     from stack.models.llama import init_model
     from stack.quant import NoQuantization
@@ -183,14 +184,14 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
     assert json.loads(open(b / "metrics.jsonl").readline())["eval/loss"] == pytest.approx(final_a, rel=1e-6)
 
     model = init_model(make_cfg(["algorithm=dpo", "data=jsonl_prefs"]).model, 0)
-    own = np.asarray(model.embed.embedding.value)
-    reference = DPO(reference={"init_from": str(a / "checkpoints")}).setup(model, NoQuantization()).frozen["reference"]
+    own = np.asarray(model.embed.embedding[...])
+    reference = DPO(reference={"init_from": str(a / "checkpoints")}).setup(model, Context(NoQuantization())).frozen["reference"]
     saved = ocp.CheckpointManager(str(a / "checkpoints")).restore(
         10, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]["policy"]
     frozen = nnx.state(reference, nnx.Param)
-    np.testing.assert_array_equal(np.asarray(frozen["embed"]["embedding"][...]), saved["embed"]["embedding"]["value"])
-    assert not np.array_equal(own, saved["embed"]["embedding"]["value"])
-    np.testing.assert_array_equal(np.asarray(model.embed.embedding.value), own)  # the policy is untouched
+    np.testing.assert_array_equal(np.asarray(frozen["embed"]["embedding"][...]), saved["embed"]["embedding"])
+    assert not np.array_equal(own, saved["embed"]["embedding"])
+    np.testing.assert_array_equal(np.asarray(model.embed.embedding[...]), own)  # the policy is untouched
 
 
 def test_lora_dpo_with_precomputed_reference_resumes_from_the_saved_columns(tmp_path):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
 from stack.models.llama import init_model
 from stack.quant import NoQuantization
@@ -148,7 +149,7 @@ def test_policy_equal_to_reference_gives_ln2_on_a_real_model():
     cfg = make_cfg(["algorithm=dpo", "data=jsonl_prefs"])
     model = init_model(cfg.model, 0)
     dpo = DPO()
-    reference = dpo.setup(model, NoQuantization()).frozen["reference"]
+    reference = dpo.setup(model, Context(NoQuantization())).frozen["reference"]
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, 200, size=(4, 2, 16)).astype(np.int32)
     mask = (rng.random((4, 2, 16)) > 0.5).astype(np.float32)

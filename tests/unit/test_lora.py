@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, sequence_logps
 from stack.build import build
 from stack.errors import ConfigError
@@ -72,7 +73,7 @@ def test_qlora_stores_4bit_base_weights_and_stays_close_to_float():
 def test_dpo_reference_with_lora_is_the_base_model_without_a_copy():
     cfg, model = lora_model(LORA + ["algorithm=dpo", "data=jsonl_prefs"])
     dpo = DPO(beta=0.1)
-    assert dpo.setup(model, make_quantization(cfg.quantization, 0)).frozen == {}  # no second copy
+    assert dpo.setup(model, Context(make_quantization(cfg.quantization, 0))).frozen == {}  # no second copy
     x = tokens(shape=(3, 2, 16))
     mask = (np.random.default_rng(2).random((3, 2, 16)) > 0.3).astype(np.float32)
     batch = {"inputs": x, "targets": x, "loss_mask": mask}

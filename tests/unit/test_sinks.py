@@ -1,9 +1,9 @@
 """Console progress (TTY only) and metrics.jsonl."""
 
 import io
-import json
 
 from stack.logging.sinks import ConsoleSink, JsonlSink
+from tests.conftest import read_metrics
 
 
 class Tty(io.StringIO):
@@ -29,5 +29,5 @@ def test_jsonl_one_object_per_logged_step(tmp_path):
     sink.log(0, {"eval/loss": 3.0})
     sink.log(5, {"train/loss": float("nan")})
     sink.close()
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = read_metrics(tmp_path)
     assert rows == [{"step": 0, "eval/loss": 3.0}, {"step": 5, "train/loss": "nan"}]

@@ -35,7 +35,7 @@ class Reinforce:
     schedule = Schedule(epochs=2, minibatches=2)
     precomputes = False
 
-    def setup(self, policy, quant):
+    def setup(self, policy, ctx):
         return Setup(trained={"baseline": Baseline()}, state={"rounds": jnp.zeros((), jnp.int32)})
 
     def collect(self, models, frozen, state, batch, key, train):

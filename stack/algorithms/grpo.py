@@ -1,0 +1,159 @@
+"""Group Relative Policy Optimization with the conventions of TRL's GRPOTrainer (1.x).
+
+- A round reads prompts and samples `num_generations` (G) completions per prompt with the
+  KV-cache sampler (stack.rollout); sample keys come from the round's key, the record's
+  index and the sample number. Completions stop at EOS (included in the loss mask, so
+  stopping is learned) or after `max_new_tokens` (counted in `completions/clipped_ratio`).
+- The old log-probs come from the training forward of the sampling policy (not from the
+  decode logits), with the sampling temperature applied; `logprob_mismatch` logs the
+  largest |Δ log p| between the two (≈ 0: the sampler and trainer agree).
+- Rewards: the `reward` group's functions on the host, summed with `reward.weights`
+  skipping NaN (TRL's nansum); a completion no function scored is left out.
+- Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none.
+- Loss per token: −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) + β·KL(π‖π_ref) (k3 by default, in the
+  loss); β = 0 (the default) builds no reference at all. `loss_type`:
+  `grpo` per-sequence token mean, then the mean; `dr_grpo` token sum / (sequences ×
+  max_new_tokens); `dapo` token sum / tokens of the whole minibatch (the default, as TRL);
+  `bnpo` token mean of each micro-batch.
+- Schedule: `num_iterations` (μ) passes × `steps_per_generation` minibatches per round.
+- Metrics (TRL's names): reward, reward_std, rewards/<fn>/mean, frac_reward_zero_std, kl,
+  entropy, clip_ratio/{low,high,region}_mean, completions/{mean_length,clipped_ratio},
+  reward/errors (completions × functions that gave NaN).
+- Eval: greedy completions of the eval prompts, scored the same way (`eval/reward`).
+"""
+
+from dataclasses import replace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
+from stack.algorithms.reference import Reference
+from stack.algorithms.rlmath import clipped_surrogate, group_advantages, kl_estimate, masked_mean
+from stack.rollout import Sampling, generate, sample_keys
+from stack.schema.algorithm import GRPOConfig
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
+
+
+def completion_logps(policy: nnx.Module, xp: Batch, temperature: float) -> tuple[jax.Array, jax.Array]:
+    """(log-probs, entropies) [R, N] of the completions under the policy's training forward."""
+    seq = jnp.concatenate([xp["prompt_ids"], xp["completion"]], -1)
+    segments = jnp.concatenate([xp["prompt_mask"], jnp.ones_like(xp["completion"])], -1)
+    positions = jnp.maximum(jnp.cumsum(segments, -1) - 1, 0)
+    return policy(seq[:, :-1], positions[:, :-1], segments[:, :-1], targets=xp["completion"],
+                  temperature=temperature)
+
+
+class GRPO:
+    data_kinds = GRPOConfig.data_kinds
+    precomputes = False
+
+    def __init__(self, name: str = "grpo", num_generations: int = 8, max_new_tokens: int = 8,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, beta: float = 0.0,
+                 kl_estimator: str = "k3", epsilon: float = 0.2, epsilon_high: float | None = None,
+                 loss_type: str = "dapo", scale_rewards: str = "group", num_iterations: int = 1,
+                 steps_per_generation: int = 1, reference: dict[str, Any] | None = None):
+        self.name, self.group, self.temperature = name, num_generations, temperature
+        self.beta, self.kl_estimator, self.loss_type, self.scale = beta, kl_estimator, loss_type, scale_rewards
+        self.eps_low, self.eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
+        self.schedule = Schedule(num_iterations, steps_per_generation)
+        self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
+        self.reference = Reference((reference or {}).get("init_from"))
+        self.tokenizer = self.rewards = None
+
+    def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
+        """The tokenizer and reward functions for scoring; the reference only when beta > 0."""
+        self.tokenizer, self.rewards = ctx.tokenizer, ctx.rewards
+        self.sampling = replace(self.sampling, eos_ids=(ctx.tokenizer.eos_id,), pad_id=ctx.tokenizer.pad_id)
+        return Setup(frozen=self.reference.setup(policy, ctx) if self.beta else {})
+
+    def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
+                train: bool) -> Batch:
+        """G sampled completions per prompt (train) or one greedy one (eval), with old/ref log-probs."""
+        group = self.group if train else 1
+        sampling = self.sampling if train else replace(self.sampling, temperature=0.0)
+        rows = {k: jnp.repeat(batch[k], group, axis=1) for k in PROMPT_KEYS}
+        number = jnp.tile(jnp.arange(group), batch["index"].shape[1])
+
+        def one(b: Batch) -> Batch:
+            out = generate(models.policy, b["prompt_ids"], b["prompt_mask"], sample_keys(key, b["index"], number),
+                           sampling)
+            xp = {**b, "completion": out.tokens, "completion_mask": out.mask, "truncated": out.truncated,
+                  "sampler_logps": out.logps}
+            if train:
+                xp["old_logps"] = completion_logps(models.policy, xp, self.temperature)[0]
+                if self.beta:
+                    xp["ref_logps"] = completion_logps(self.reference.model(models, frozen), xp, self.temperature)[0]
+            return xp
+
+        return map_micro(one, rows)
+
+    def score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
+        """[n, rows, functions] rewards of the decoded completions (NaN: no reward)."""
+        ids, prompt_mask, completion, mask = jax.device_get(
+            (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]))
+        n, rows = completion.shape[:2]
+        group = rows // next(iter(host.values())).shape[1]
+        eos = self.tokenizer.eos_id
+        prompts = [self.tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * rows, -1),
+                                                                            prompt_mask.reshape(n * rows, -1))]
+        completions = [self.tokenizer.decode(c[(m > 0) & (c != eos)].tolist())
+                       for c, m in zip(completion.reshape(n * rows, -1), mask.reshape(n * rows, -1))]
+        columns = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
+        return self.rewards(prompts, completions, columns).reshape(n, rows, -1)
+
+    def _reward_metrics(self, xp: Batch, scores: jax.Array) -> tuple[jax.Array, Metrics]:
+        """The weighted reward per completion (NaN: none) and the metrics both train and eval log."""
+        valid = ~jnp.all(jnp.isnan(scores), -1)
+        reward = jnp.where(valid, jnp.nansum(scores * jnp.asarray(self.rewards.weights), -1), jnp.nan)
+        metrics = {"reward": jnp.nanmean(reward), "reward/errors": jnp.isnan(scores).sum().astype(jnp.float32),
+                   "completions/mean_length": xp["completion_mask"].sum(-1).mean(),
+                   "completions/clipped_ratio": xp["truncated"].mean()}
+        for i, name in enumerate(self.rewards.names):
+            metrics[f"rewards/{name}/mean"] = jnp.nanmean(scores[..., i])
+        return reward, metrics
+
+    def finalize(self, xp: Batch, scores: jax.Array, state: Any) -> tuple[Batch, Any, Metrics]:
+        """Group-relative advantages and the round's reward metrics."""
+        reward, metrics = self._reward_metrics(xp, scores)
+        advantages, std = group_advantages(reward, self.group, self.scale)
+        mask = xp["completion_mask"] > 0
+        metrics.update({"reward_std": std.mean(), "frac_reward_zero_std": jnp.isclose(std, 0.0).mean(),
+                        "logprob_mismatch": jnp.where(mask, jnp.abs(xp["sampler_logps"] - xp["old_logps"]), 0).max()})
+        return {**xp, "advantages": advantages}, state, metrics
+
+    def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
+        logps, entropy = completion_logps(models.policy, batch, self.temperature)
+        mask = batch["completion_mask"].astype(jnp.float32)
+        per_token, clip = clipped_surrogate(logps, batch["old_logps"], batch["advantages"][:, None],
+                                            self.eps_low, self.eps_high)
+        metrics = {"entropy": masked_mean(entropy, mask),
+                   **{f"clip_ratio/{k}_mean": masked_mean(clip[k].astype(jnp.float32), mask)
+                      for k in ("low", "high", "region")}}
+        if self.beta:
+            kl = kl_estimate(logps, batch["ref_logps"], self.kl_estimator)
+            per_token = per_token + self.beta * kl
+            metrics["kl"] = masked_mean(kl, mask)
+        return self._aggregate(per_token * mask, mask), metrics
+
+    def _aggregate(self, losses: jax.Array, mask: jax.Array) -> Terms:
+        """(numerator, denominator) of `loss_type` over a micro-batch; summed over micro-batches."""
+        if self.loss_type == "grpo":
+            return (losses.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).sum(), jnp.float32(losses.shape[0])
+        if self.loss_type == "dr_grpo":
+            return losses.sum(), jnp.float32(losses.size)  # sequences x max_new_tokens
+        if self.loss_type == "bnpo":
+            return losses.sum() / jnp.maximum(mask.sum(), 1.0), jnp.float32(1.0)
+        return losses.sum(), mask.sum()  # dapo
+
+    def evaluate(self, models: nnx.Module, xp: Batch, scores: jax.Array, frozen: Any, state: Any) -> Metrics:
+        return self._reward_metrics(xp, scores)[1]
+
+    def batch_tokens(self, batch: dict[str, Any]) -> int:
+        if "completion" in batch:
+            return int(batch["prompt_ids"].size + batch["completion"].size)
+        return int(batch["prompt_ids"].size * self.group)

@@ -1,0 +1,101 @@
+"""`python -m stack.generate PATH --prompt TEXT`: completions from a stack run's checkpoints
+dir or a Hugging Face Llama dir, sampled on device with the KV cache (stack.rollout).
+
+    python -m stack.generate runs/a/checkpoints --prompt "12+7=" --max-new-tokens 8 --temperature 0.7 --top-p 0.9
+    python -m stack.generate path/to/hf_llama_dir --prompt "Hello" --greedy
+
+A checkpoints dir is read with its run's `config.yaml` (model shape, tokenizer); a HF dir
+with its `config.json` and, when present, its `tokenizer.json` (else the byte tokenizer).
+Prompts are encoded as the data pipeline encodes them: BOS, then the text.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from stack.errors import ConfigError
+
+
+def load(path: str):
+    """(model, tokenizer, max_seq_len) of a checkpoints dir or a HF Llama dir."""
+    from omegaconf import OmegaConf
+
+    from stack.data.tokenizers import ByteTokenizer, make_tokenizer
+    from stack.schema.model import ModelConfig
+
+    if os.path.isfile(os.path.join(path, "config.json")):
+        from stack.models.hf import hf_config_to_model, load_hf_weights
+        from stack.models.llama import abstract_model
+
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(json.load(f)))
+        model = abstract_model(cfg)
+        load_hf_weights(model, cfg, path)
+        has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
+        return model, make_tokenizer(path) if has_tokenizer else ByteTokenizer(), cfg.max_seq_len
+    config = os.path.join(os.path.dirname(os.path.abspath(path.rstrip("/"))), "config.yaml")
+    if not os.path.isdir(path) or not os.path.isfile(config):
+        raise ConfigError(f"{path!r} is neither a Hugging Face Llama dir (with config.json) nor a stack run's "
+                          "checkpoints dir (with the run's config.yaml beside it).")
+    from stack.checkpoint import load_params
+    from stack.models.llama import init_model
+
+    run = OmegaConf.load(config)
+    model = init_model(run.model, 0)
+    load_params(model, path)
+    return model, make_tokenizer(run.data.tokenizer), run.model.max_seq_len
+
+
+def sample(model, tokenizer, prompts: list[str], args: argparse.Namespace, limit: int) -> list[list[str]]:
+    """`args.num_samples` completions of each prompt (text up to the first EOS)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from stack.rollout import Sampling, generate, sample_keys
+
+    encoded = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
+    width = max(map(len, encoded))
+    if args.max_new_tokens < 1 or width + args.max_new_tokens > limit:
+        raise ConfigError(f"--max-new-tokens={args.max_new_tokens} with a {width}-token prompt does not fit: it "
+                          f"must be >= 1 and prompt + new tokens <= the model's max_seq_len={limit}.")
+    rows = [e for e in encoded for _ in range(args.num_samples)]
+    ids = np.array([[tokenizer.pad_id] * (width - len(e)) + e for e in rows], np.int32)
+    mask = (np.arange(width)[None] >= width - np.array([len(e) for e in rows])[:, None]).astype(np.int32)
+    keys = sample_keys(jax.random.key(args.seed), jnp.repeat(jnp.arange(len(prompts)), args.num_samples),
+                       jnp.tile(jnp.arange(args.num_samples), len(prompts)))
+    s = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.top_p,
+                 (tokenizer.eos_id,), tokenizer.pad_id)
+    out = nnx.jit(lambda m, i, k, key: generate(m, i, k, key, s))(model, ids, mask, keys)
+    tokens, keep = np.asarray(out.tokens), np.asarray(out.mask) > 0
+    texts = [tokenizer.decode([t for t, k in zip(row, m) if k and t != tokenizer.eos_id]) for row, m in zip(tokens, keep)]
+    return [texts[i * args.num_samples:(i + 1) * args.num_samples] for i in range(len(prompts))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stack.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="a stack run's checkpoints dir or a Hugging Face Llama dir")
+    parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch of prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0: off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1.0: off")
+    parser.add_argument("--greedy", action="store_true", help="argmax decoding (temperature 0)")
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        model, tokenizer, limit = load(args.path)
+        completions = sample(model, tokenizer, args.prompt, args, limit)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    for prompt, texts in zip(args.prompt, completions):
+        for text in texts:
+            print(f"{prompt}{text}")
+
+
+if __name__ == "__main__":
+    main()

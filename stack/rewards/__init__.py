@@ -1,0 +1,48 @@
+"""The `reward` group: rule functions by name (or a user's function by import path) run by a
+RewardRunner in worker processes with a timeout."""
+
+import functools
+import importlib
+from typing import Any, Callable
+
+from stack.errors import ConfigError, bad_choice
+from stack.rewards.functions import RULES
+from stack.rewards.runner import RewardRunner
+
+
+def check_name(name: str, allowed: tuple[str, ...]) -> None:
+    """A built-in rule, or an import path under a package the user listed in `allow_targets`."""
+    if name in RULES:
+        return
+    if "." not in name:
+        raise bad_choice("reward.functions", name, sorted(RULES), what="reward function")
+    if not name.startswith(tuple(p if p.endswith(".") else p + "." for p in allowed)):
+        raise ConfigError(f"'reward.functions' entry {name!r} is not a built-in rule ({', '.join(sorted(RULES))}) "
+                          f"and its module is not allowed; to run it on purpose add "
+                          f"'allow_targets=[{name.rsplit('.', 1)[0]}]'.")
+
+
+def resolve(name: str, allowed: tuple[str, ...]) -> Callable:
+    """A built-in rule by name, or `pkg.module.fn` by import path when `allow_targets` lists its package."""
+    check_name(name, allowed)
+    if name in RULES:
+        return RULES[name]
+    module, _, attr = name.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"'reward.functions' entry {name!r} cannot be imported: {exc}.") from exc
+    if not callable(fn) or getattr(fn, "__module__", None) != module:
+        raise ConfigError(f"'reward.functions' entry {name!r} is not a function defined in {module}.")
+    return fn
+
+
+def make_rewards(cfg: Any, allowed: tuple[str, ...]) -> RewardRunner:
+    """The runner of the `reward` group's config `cfg`."""
+    options = {"format": {"pattern": cfg.format_pattern}, "length": {"max_length": cfg.max_length}}
+    functions = [(name, functools.partial(resolve(name, allowed), **options.get(name, {}))) for name in cfg.functions]
+    weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(functions)
+    return RewardRunner(functions, weights, cfg.timeout)
+
+
+__all__ = ["RULES", "RewardRunner", "check_name", "make_rewards", "resolve"]

@@ -1,0 +1,74 @@
+"""Rule reward functions: plain functions of (prompts, completions, **record columns) -> one
+float (or None: no reward for that sample) per completion, as TRL's GRPOTrainer calls them.
+
+`accuracy` compares the completion's final number (or, for non-numeric answers, its last
+non-empty line) with the record's `answer`; `digits` gives partial credit for a numeric
+answer: the fraction of digit places (aligned from the right) where the completion's final
+integer agrees with it (1.0 when it is right); `format` checks `reward.format_pattern`
+(a regex matched against the whole completion); `length` is a penalty in [-1, 0] that
+grows with the completion's length in characters up to `reward.max_length`.
+"""
+
+import re
+from typing import Any
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _final_answer(text: str) -> str | None:
+    numbers = NUMBER.findall(text)
+    if numbers:
+        return numbers[-1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def _same(got: str | None, want: str) -> bool:
+    if got is None:
+        return False
+    try:
+        return float(got) == float(want)
+    except ValueError:
+        return got.strip() == want.strip()
+
+
+def accuracy(prompts: list[str], completions: list[str], answer: list[str] | None = None,
+             **record: Any) -> list[float | None]:
+    """1.0 when the completion's final answer equals the record's `answer`, else 0.0 (None: no answer)."""
+    if answer is None:
+        return [None] * len(completions)
+    return [None if want in (None, "") else float(_same(_final_answer(text), str(want)))
+            for text, want in zip(completions, answer)]
+
+
+def digits(prompts: list[str], completions: list[str], answer: list[str] | None = None,
+           **record: Any) -> list[float | None]:
+    """Digit places (from the right) where the completion's final integer matches `answer`, over
+    the longer of the two (None: no numeric answer); no number in the completion scores 0."""
+    out: list[float | None] = []
+    for text, want in zip(completions, answer or [None] * len(completions)):
+        want = str(want) if want is not None else ""
+        if not want.lstrip("-").isdigit():
+            out.append(None)
+            continue
+        got = _final_answer(text) or ""
+        got = got if got.lstrip("-").isdigit() else ""
+        width = max(len(got), len(want))
+        same = sum(a == b for a, b in zip(got.rjust(width), want.rjust(width)))
+        out.append(same / width if got else 0.0)
+    return out
+
+
+def format_match(prompts: list[str], completions: list[str], pattern: str = r"\s*-?\d+\s*",
+                 **record: Any) -> list[float]:
+    """1.0 when the whole completion matches `pattern` (reward.format_pattern), else 0.0."""
+    compiled = re.compile(pattern, re.DOTALL)
+    return [float(compiled.fullmatch(text) is not None) for text in completions]
+
+
+def length_penalty(prompts: list[str], completions: list[str], max_length: int = 64, **record: Any) -> list[float]:
+    """-min(1, len(completion) / max_length): shorter completions score higher."""
+    return [-min(1.0, len(text) / max_length) for text in completions]
+
+
+RULES = {"accuracy": accuracy, "digits": digits, "format": format_match, "length": length_penalty}

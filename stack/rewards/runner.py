@@ -1,0 +1,88 @@
+"""Reward functions in worker processes, each batch under a timeout.
+
+One spawned worker per function scores a batch; a function that raises, returns the wrong
+number of values, or does not answer within `timeout` seconds gives NaN for those samples
+(its worker is killed and replaced, so the run never hangs). A sample whose function
+returned None also gets NaN: never a silent 0.
+"""
+
+import multiprocessing
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+
+def _serve(conn: Any) -> None:
+    """Worker loop: (function, args, kwargs) in, ("ok", values) or ("error", message) out."""
+    while True:
+        try:
+            fn, args, kwargs = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", list(fn(*args, **kwargs))))
+        except Exception as exc:  # the function's own failure: reported, the worker lives on
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class Worker:
+    """A spawned process that calls one function at a time."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc.start()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class RewardRunner:
+    """Scores completions with named functions and weights (TRL `reward_weights`)."""
+
+    def __init__(self, functions: list[tuple[str, Callable]], weights: list[float], timeout: float):
+        self.names = [name for name, _ in functions]
+        self.functions = [fn for _, fn in functions]
+        self.weights, self.timeout = np.asarray(weights, np.float32), timeout
+        self._workers: list[Worker | None] = [None] * len(functions)
+        self._warned: set[str] = set()
+
+    def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> np.ndarray:
+        """[samples, functions] rewards, NaN where a function gave none."""
+        for i, fn in enumerate(self.functions):
+            self._workers[i] = self._workers[i] or Worker()
+            self._workers[i].conn.send((fn, (prompts, completions), columns))
+        out = np.full((len(completions), len(self.functions)), np.nan, np.float32)
+        for i, name in enumerate(self.names):
+            out[:, i] = self._result(i, name, len(completions))
+        return out
+
+    def _result(self, i: int, name: str, n: int) -> np.ndarray:
+        worker = self._workers[i]
+        if not worker.conn.poll(self.timeout):
+            worker.close()
+            self._workers[i] = None
+            return self._failed(name, f"no answer within reward.timeout={self.timeout}s", n)
+        status, values = worker.conn.recv()
+        if status != "ok":
+            return self._failed(name, values, n)
+        if len(values) != n:
+            return self._failed(name, f"returned {len(values)} values for {n} completions", n)
+        return np.array([np.nan if v is None else float(v) for v in values], np.float32)
+
+    def _failed(self, name: str, why: str, n: int) -> np.ndarray:
+        if name not in self._warned:  # once per function: counted in reward/errors every time
+            self._warned.add(name)
+            warnings.warn(f"reward function {name!r} failed ({why}); its samples score NaN and are left out "
+                          "(counted in reward/errors).", RuntimeWarning, stacklevel=3)
+        return np.full(n, np.nan, np.float32)
+
+    def close(self) -> None:
+        for worker in self._workers:
+            if worker is not None:
+                worker.close()
+        self._workers = [None] * len(self.functions)

@@ -1,0 +1,16 @@
+"""Schema of the `reward` group: rule functions (or a user's, by import path) and their weights."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class RewardConfig:
+    name: str = "rules"
+    # built-in rules (accuracy, format, length; stack/rewards/functions.py) or `pkg.module.fn`,
+    # a function (prompts, completions, **record) -> list[float | None] whose package is in allow_targets
+    functions: List[str] = field(default_factory=lambda: ["accuracy"])
+    weights: Optional[List[float]] = None  # TRL reward_weights; null: 1.0 each
+    timeout: float = 30.0  # seconds a function may take per batch before its samples score NaN
+    format_pattern: str = r"\s*-?\d+\s*"  # `format`: a regex the whole completion must match
+    max_length: int = 64  # `length`: characters at which the penalty reaches -1

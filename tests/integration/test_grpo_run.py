@@ -1,0 +1,61 @@
+"""GRPO through the CLI: a kill -9 mid-run resumes with the same per-step rewards (RNG stream
+and prompt position restored, across an epoch boundary of the prompts), and the warm start."""
+
+import json
+import os
+
+from tests.conftest import read_metrics, run_cli
+from tests.integration.test_resume import start, wait_for_step
+
+PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23))]
+
+
+def args(tmp_path, run_dir):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return ["data=jsonl_prompts", f"data.path={path}", f"data.eval_path={path}", "data.batch_size=8",
+            "algorithm=grpo", "algorithm.num_generations=4", "algorithm.max_new_tokens=4", "trainer.steps=10",
+            "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "checkpoint=local",
+            "checkpoint.every=2", "logger=jsonl", f"run_dir={run_dir}"]
+
+
+def rewards(run_dir) -> dict[int, float]:
+    return {r["step"]: r["train/reward"] for r in read_metrics(run_dir) if "train/reward" in r}
+
+
+def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path):
+    reference = tmp_path / "reference"
+    res = run_cli(args(tmp_path, reference), cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    want = rewards(reference)
+    assert sorted(want) == list(range(1, 11))
+    epochs = [r["data/epoch"] for r in read_metrics(reference) if "data/epoch" in r]
+    assert epochs[1] < 1 < epochs[2]  # 20 prompts, 8 per round: the 3rd round crosses into epoch 2
+
+    run_dir = tmp_path / "run"
+    proc = start(args(tmp_path, run_dir), str(tmp_path))
+    wait_for_step(run_dir, 5, proc)
+    proc.kill()
+    proc.wait()
+    saved = sorted(int(s) for s in os.listdir(run_dir / "checkpoints") if s.isdigit())
+    assert saved and saved[-1] < 10
+    res = run_cli(args(tmp_path, run_dir), cwd=str(tmp_path))
+    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
+    assert rewards(run_dir) == want  # exactly, step by step
+
+
+def test_the_recipe_trains_its_warm_start_first_and_a_rerun_reuses_it(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = ["+recipe=llama_grpo", "trainer.steps=2", "trainer.eval_every=0", "trainer.eval_batches=1",
+           "data.batch_size=4", "algorithm.num_generations=2", "logger=jsonl",
+           "warm_start.overrides=['trainer.steps=3','trainer.eval_batches=1']", f"run_dir={run_dir}"]
+    res = run_cli(cmd, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"warm start: +recipe=llama_sft in {run_dir}/warm_start" in res.stdout
+    warm = read_metrics(run_dir / "warm_start")
+    assert max(r["step"] for r in warm) == 3 and "eval/loss" in warm[0]
+    saved = (run_dir / "config.yaml").read_text()
+    assert f"init_from: {run_dir}/warm_start/checkpoints" in saved and "name: llama_small" in saved
+    res = run_cli(cmd, cwd=str(tmp_path))  # the same command again: nothing is retrained
+    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
+    assert read_metrics(run_dir / "warm_start") == warm

@@ -1,0 +1,115 @@
+"""Each trainer hook alone, on a hand-made run record (the real Orbax checkpointer included)."""
+
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from stack.checkpoint import Checkpointer
+from stack.trainer.checkpointing import Checkpointing
+from stack.trainer.context import COMPLETED, NONFINITE, PREEMPTED, RUNNING, Clock
+from stack.trainer.metrics import MetricsLog
+from stack.trainer.nonfinite import NonFinite
+from stack.trainer.signals import Signals
+from tests.conftest import make_cfg
+
+
+class State:
+    def __init__(self, value: float):
+        self.value = value
+
+    def saved(self):
+        return {"params": {"w": jnp.full((3,), self.value)}, "step": jnp.int32(0)}
+
+
+def record(steps: int = 10, step: int = 0, **cfg) -> SimpleNamespace:
+    """The fields of stack.trainer.context.Run that the hooks read."""
+    trainer = SimpleNamespace(steps=steps, log_every=cfg.get("log_every", 2))
+    run = SimpleNamespace(step=step, total_steps=steps, status=RUNNING, message="", checkpoint=None, columns=None, signal=None,
+                          clock=Clock(), state=State(0.0), data_state={"next_index": step}, train={},
+                          exp=SimpleNamespace(cfg=SimpleNamespace(trainer=trainer), wandb_id=None,
+                                              schedule=lambda s: jnp.float32(0.1)))
+    run.done = False
+    return run
+
+
+def test_clock_leaves_paused_spans_out():
+    clock = Clock()
+    start = clock.now()
+    with clock.paused():
+        time.sleep(0.2)
+    assert clock.now() - start < 0.1
+
+
+def test_nonfinite_stops_at_the_first_bad_loss_and_ignore_does_not():
+    run, guard = record(), NonFinite("stop")
+    for step, loss in ((1, 2.0), (2, float("nan")), (3, 1.0)):
+        run.step = step
+        guard.after_step(run, {"loss": jnp.float32(loss)}, {})
+    assert guard.check(run) is False and run.status == NONFINITE
+    assert "non-finite (nan) at step 2" in run.message and "no checkpoint was saved" in run.message
+    run, lenient = record(), NonFinite("ignore")
+    lenient.after_step(run, {"loss": jnp.float32(float("inf"))}, {"train/loss": float("inf")})
+    assert lenient.check(run) and run.status == RUNNING
+
+
+def test_checkpoints_fall_where_a_round_crosses_the_cadence(tmp_path):
+    """Round ends at steps 4, 8, 12, 14, 18 with checkpoint.every=3: a save where a round crossed
+    a multiple of 3 (4, 8, 12), none at 14 (nothing crossed since 12), and the last step."""
+    cfg = make_cfg(["checkpoint=local", "checkpoint.every=3", "checkpoint.keep=10", "trainer.steps=18"])
+    ckpt = Checkpointer(cfg, str(tmp_path))
+    hook, run = Checkpointing(ckpt, NonFinite("stop")), record(steps=18)
+    hook.on_start(run)
+    for step in (4, 8, 12, 14, 18):
+        run.step, run.done, run.state = step, step == 18, State(float(step))
+        hook.after_round(run)
+    ckpt.close()
+    assert ocp.CheckpointManager(str(tmp_path / "checkpoints")).all_steps() == [4, 8, 12, 18]
+    assert run.checkpoint == f"{tmp_path}/checkpoints/18"
+
+
+def test_no_checkpoint_after_a_nonfinite_loss_and_a_blocking_one_when_preempted(tmp_path):
+    cfg = make_cfg(["checkpoint=local", "checkpoint.every=1", "trainer.steps=10"])
+    ckpt = Checkpointer(cfg, str(tmp_path))
+    guard = NonFinite("stop")
+    hook, run = Checkpointing(ckpt, guard), record()
+    run.step = 1
+    guard.after_step(run, {"loss": jnp.float32(float("nan"))}, {})
+    hook.after_round(run)
+    assert run.status == NONFINITE and not os.path.exists(tmp_path / "checkpoints" / "1")
+    run.status, run.step = PREEMPTED, 2
+    hook.after_round(run)  # a blocking save: on disk when the call returns
+    assert os.path.isdir(tmp_path / "checkpoints" / "2")
+    ckpt.close()
+
+
+def test_signals_turn_into_a_preemption_at_the_round_end():
+    hook, run = Signals(), record()
+    before = signal.getsignal(signal.SIGTERM)
+    hook.on_start(run)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert run.status == RUNNING  # nothing happens until the round ends
+    run.step = 7
+    hook.after_round(run)
+    hook.on_end(run)
+    assert run.status == PREEMPTED and run.signal == signal.SIGTERM
+    assert run.message == f"preempted by signal {int(signal.SIGTERM)} after step 7"
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_metrics_window_means_at_logging_steps():
+    feed = SimpleNamespace(batches=SimpleNamespace(epoch=lambda state: state["next_index"] / 100))
+    hook, run = MetricsLog(feed, 2), record(log_every=2)
+    rows = []
+    for step, loss in ((1, 4.0), (2, 2.0), (3, 1.0), (4, 3.0)):
+        run.step, run.data_state, row = step, {"next_index": step * 8}, {}
+        hook.after_step(run, {"loss": jnp.float32(loss)}, row)
+        rows.append(row)
+    assert rows[0] == {} and rows[2] == {}
+    assert rows[1]["train/loss"] == 3.0 and rows[3]["train/loss"] == 2.0
+    assert rows[3]["data/epoch"] == 0.32 and np.isclose(rows[3]["train/lr"], 0.1)
+    assert run.train["train/loss"] == 2.0 and run.status != COMPLETED

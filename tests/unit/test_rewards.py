@@ -1,0 +1,56 @@
+"""The reward runner with real worker processes: failures and timeouts give NaN, never hang,
+warn once and are counted; user functions need an explicit allow-list entry."""
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from stack.errors import ConfigError
+from stack.rewards import make_rewards, resolve
+from stack.rewards.runner import RewardRunner
+from tests.conftest import make_cfg
+from tests.unit import reward_fns
+
+
+def test_failures_and_timeouts_score_nan_and_the_run_goes_on():
+    runner = RewardRunner([("ok", reward_fns.constant), ("boom", reward_fns.raises), ("slow", reward_fns.sleeps),
+                           ("none", reward_fns.some_none), ("short", reward_fns.wrong_length)], [1.0] * 5, timeout=2.0)
+    try:
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning) as caught:
+            out = runner(["p"] * 3, ["c"] * 3, {"answer": ["1", "?", "3"]})
+        assert time.monotonic() - start < 30  # the sleeping function was cut off, not waited for
+        assert sorted(str(w.message).split("'")[1] for w in caught) == ["boom", "short", "slow"]
+        assert "RuntimeError: the grader is broken" in str(next(w for w in caught if "boom" in str(w.message)).message)
+        np.testing.assert_array_equal(out[:, 0], [1.0, 1.0, 1.0])
+        assert np.isnan(out[:, 1]).all() and np.isnan(out[:, 2]).all() and np.isnan(out[:, 4]).all()
+        np.testing.assert_array_equal(np.isnan(out[:, 3]), [False, True, False])  # None -> NaN, never 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # warned once per function: silent the second time
+            again = runner(["p"], ["c"], {"answer": ["1"]})
+        assert again[0, 0] == 1.0 and np.isnan(again[0, 2])  # a fresh worker replaced the timed-out one
+    finally:
+        runner.close()
+
+
+def test_user_functions_need_the_allow_list():
+    with pytest.raises(ConfigError, match=r"allow_targets=\[tests.unit.reward_fns\]"):
+        resolve("tests.unit.reward_fns.constant", ())
+    assert resolve("tests.unit.reward_fns.constant", ("tests",)) is reward_fns.constant
+    with pytest.raises(ConfigError, match="is not a function defined in"):
+        resolve("tests.unit.reward_fns.time", ("tests",))  # a module reached through the allowed one
+    with pytest.raises(ConfigError, match="Did you mean accuracy"):
+        resolve("acuracy", ())
+
+
+def test_the_reward_group_builds_weighted_named_functions():
+    cfg = make_cfg(["reward.functions=[accuracy,format]", "reward.weights=[1.0,0.2]"])
+    runner = make_rewards(cfg.reward, ())
+    try:
+        assert runner.names == ["accuracy", "format"] and runner.weights.tolist() == pytest.approx([1.0, 0.2])
+        out = runner(["1+1="] * 2, ["2", "3 apples"], {"answer": ["2", "2"]})
+        np.testing.assert_array_equal(out, [[1.0, 1.0], [0.0, 0.0]])
+    finally:
+        runner.close()
