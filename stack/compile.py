@@ -121,6 +121,9 @@ def abstract_run(exp: Experiment) -> AbstractRun:
     frozen = abstract_frozen(exp, parts)
     collect = lambda s, f, b: programs.collect(s, f, b, True)  # noqa: E731
     xp = jax.eval_shape(collect, state.models_only(), frozen, batch)
+    if exp.algorithm.finalize is not None:  # what the update reads: the finalized experience
+        scores = exp.algorithm.scores_spec(xp) if exp.algorithm.score else None
+        xp = jax.eval_shape(lambda x, s, a: programs.finalize(x, s, a)[0], xp, scores, state.algo)
     if exp.algorithm.precomputes:  # the columns ride with the data; no frozen modules in training
         batch, frozen = {**batch, **{k: v for k, v in xp.items() if k not in batch}}, None
     xp = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding), xp)
@@ -145,6 +148,23 @@ def lower_update(exp: Experiment, r: AbstractRun) -> Any:
         return r.programs.update.lower(r.state, r.frozen, r.xp, 0)
 
 
+class OutOfMemory(Exception):
+    """XLA refused to compile `program` for the target: it exceeds the chip's memory."""
+
+    def __init__(self, program: str, message: str):
+        super().__init__(f"{program}: {message}")
+        self.program, self.message = program, message
+
+
+def _compiled(program: str, lowered: Any) -> CompileReport:
+    try:
+        return program_report(lowered)
+    except jax.errors.JaxRuntimeError as exc:  # XLA:TPU refuses programs that exceed HBM
+        if "RESOURCE_EXHAUSTED" not in str(exc):
+            raise
+        raise OutOfMemory(program, str(exc).splitlines()[0]) from exc
+
+
 def lower_and_compile(exp: Experiment, r: AbstractRun) -> tuple[CompileReport, CompileReport]:
     """AOT-compile `exp`'s update and collect programs for abstract inputs and measure them."""
     t0 = time.perf_counter()
@@ -154,8 +174,8 @@ def lower_and_compile(exp: Experiment, r: AbstractRun) -> tuple[CompileReport, C
         with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
             collect = r.programs.collect.lower(r.state.models_only(), r.frozen, r.batch, True)
     lower_seconds = time.perf_counter() - t0
-    return (replace(program_report(update), lower_seconds=lower_seconds),
-            program_report(collect) if collect is not None else CompileReport(0, 0, 0, 0, 0, None, 0.0, 0.0, 0.0))
+    return (replace(_compiled("train step", update), lower_seconds=lower_seconds),
+            _compiled("collect", collect) if collect is not None else CompileReport(0, 0, 0, 0, 0, None, 0.0, 0.0, 0.0))
 
 
 def _size(b: float, unit: str = "") -> str:
@@ -208,12 +228,10 @@ def compile_for_target(cfg: Any) -> int:
         return _does_not_fit(state + frozen, hbm, " (train state and frozen modules alone; not compiled)")
     try:
         update, collect = lower_and_compile(exp, r)
-    except jax.errors.JaxRuntimeError as exc:  # XLA:TPU refuses programs that exceed HBM
-        if "RESOURCE_EXHAUSTED" not in str(exc):
-            raise
-        print(f"XLA: {str(exc).splitlines()[0]}")
-        need = [float(x) * GiB for x in re.findall(r"([\d.]+)G\b", str(exc))[:1]]
-        return _does_not_fit(max(need + [state]), hbm or 0, " (the compiler ran out of HBM)")
+    except OutOfMemory as exc:
+        print(f"XLA ({exc.program}): {exc.message}")
+        need = [float(x) * GiB for x in re.findall(r"([\d.]+)G\b", exc.message)[:1]]
+        return _does_not_fit(max(need + [state]), hbm or 0, f" (the compiler ran out of HBM for the {exc.program})")
     print(f"lower {update.lower_seconds:.1f}s, compile {update.compile_seconds + collect.compile_seconds:.1f}s")
     _print_program("per device (train step):", update)
     if exp.algorithm.collect is not None:

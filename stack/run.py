@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stack.build import build
 from stack.errors import ConfigError, RunFailed
+from stack.rundir import owned
 from stack.schema import objective_of
 from stack.summary import Summary
 from stack.trainer import train
@@ -52,14 +53,17 @@ def describe(s: Summary, objective: str) -> str:
 
 
 def train_run(cfg: DictConfig) -> Summary:
-    """`mode=train`: the warm-start stage if any, then write the resolved config to the run
-    dir, build, train; the Summary."""
+    """`mode=train`: own the run dir (stack.rundir), then the warm-start stage if any, write the
+    resolved config to the run dir, build, train; the Summary."""
     output_dir, group, name = _hydra_context()
     run_dir = cfg.run_dir or output_dir
     if not run_dir:
         raise ConfigError("'run_dir' is not set and no Hydra output dir exists; set run_dir=PATH.")
-    cfg = warm_start(cfg, run_dir, train_run)
-    os.makedirs(run_dir, exist_ok=True)
+    with owned(run_dir):
+        return _train_in(warm_start(cfg, run_dir, train_run), run_dir, group, name)
+
+
+def _train_in(cfg: DictConfig, run_dir: str, group: str | None, name: str | None) -> Summary:
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
     exp = build(cfg, run_dir, group=group, name=name)

@@ -86,6 +86,9 @@ class Algorithm(Protocol):
     # collect(models, frozen, state, batch, key, train) -> xp, or None: the batch is the experience
     collect: Callable[..., Batch] | None
     score: Callable[[Batch, dict[str, Any]], Any] | None
+    # scores_spec(xp shapes) -> the ShapeDtypeStruct `score` returns (mode=compile lowers finalize
+    # and the update without scoring anything); None with score
+    scores_spec: Callable[[Batch], jax.ShapeDtypeStruct] | None
     # finalize(xp, scores, state) -> (xp, state, metrics), or None: nothing to add
     finalize: Callable[[Batch, Any, Any], tuple[Batch, Any, Metrics]] | None
 

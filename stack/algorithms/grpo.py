@@ -106,6 +106,10 @@ class GRPO:
         columns = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
         return self.rewards(prompts, completions, columns).reshape(n, rows, -1)
 
+    def scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
+        """The shape of `score`'s result for experience of `xp`'s shapes."""
+        return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(self.rewards.names)), jnp.float32)
+
     def _reward_metrics(self, xp: Batch, scores: jax.Array) -> tuple[jax.Array, Metrics]:
         """The weighted reward per completion (NaN: none) and the metrics both train and eval log."""
         valid = ~jnp.all(jnp.isnan(scores), -1)

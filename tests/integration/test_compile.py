@@ -162,3 +162,18 @@ def test_dpo_step_compiles_for_cpu(capsys):
 def test_dpo_on_v5e_2x2_fits(capsys, variant):
     code, out = compile_cfg(["+recipe=llama_dpo", *TINY_V5E, *DPO_VARIANTS[variant]], capsys)
     assert code == 0 and "v5e:2x2" in out and "fits:" in out and "does not fit" not in out, out
+
+
+def test_grpo_round_compiles_for_cpu_and_counts_the_kv_cache(capsys):
+    """Both programs of a GRPO round lower; collect's temporaries hold the KV cache, so 56 more
+    new tokens add at least rows x 56 x layers x (K, V) x kv_heads x head_dim x 4 bytes."""
+    temp = {}
+    for new in (8, 64):
+        code, out = compile_cfg(["data=jsonl_prompts", "algorithm=grpo", "hardware=cpu", "mode=compile",
+                                 f"algorithm.max_new_tokens={new}"], capsys)
+        assert code == 0 and "fits:" in out, out
+        temp[new] = gib(out.split("per device (collect, once per round):")[1], "| temp")
+    m = make_cfg(["algorithm=grpo", "data=jsonl_prompts"])
+    rows = m.data.batch_size * m.algorithm.num_generations
+    cache = rows * 56 * m.model.n_layers * 2 * m.model.n_kv_heads * (m.model.d_model // m.model.n_heads) * 4
+    assert (temp[64] - temp[8]) * GiB >= cache, (temp, cache)

@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from stack.logging.wandb_reader import read_offline_run
-from tests.conftest import fake_devices, run_cli
+from tests.conftest import fake_devices, read_metrics, run_cli
 from tests.conftest import train_losses as losses
 
 ARGS = ["+recipe=llama_sft", "checkpoint=local", "checkpoint.every=7", "checkpoint.keep=3", "trainer.steps=30",
@@ -58,6 +58,8 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_losses(tmp_path, reference):
     assert res.returncode == 0, res.stderr
     assert "resumed from" in res.stdout and "(resumed after step" in res.stdout
     assert losses(run_dir) == reference  # exactly, step by step
+    steps = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r]
+    assert steps == sorted(set(steps))  # the rows the killed run logged after its checkpoint are gone
     runs = sorted(os.listdir(run_dir / "wandb"))
     ids = {d.rsplit("-", 1)[-1] for d in runs if d.startswith("offline-run-")}
     assert len(ids) == 1, runs  # the wandb run continues under the same id

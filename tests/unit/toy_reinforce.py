@@ -48,6 +48,10 @@ class Reinforce:
         assert host["answer"].shape == xp["action"].shape  # the host columns ride along
         return (np.asarray(jax.device_get(xp["action"])) == TARGET).astype(np.float32)
 
+    @staticmethod
+    def scores_spec(xp):
+        return jax.ShapeDtypeStruct(xp["action"].shape, jnp.float32)
+
     def finalize(self, xp, scores, state):
         return {**xp, "reward": scores}, {"rounds": state["rounds"] + 1}, {"reward": scores.mean()}
 

@@ -1,0 +1,41 @@
+"""One owner per run dir: an exclusive `flock` on `<run_dir>/.lock`, taken before the run
+writes anything there and held until it ends.
+
+The kernel drops the lock when its process dies (kill -9 included), so a stale lock never
+blocks: the next run takes it over and says whose it was. The file holds the owner's pid and
+host while it runs and is emptied on a clean exit, so leftover text means its owner died.
+"""
+
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from stack.errors import ConfigError
+
+LOCK = ".lock"
+
+
+@contextmanager
+def owned(run_dir: str) -> Iterator[None]:
+    """Hold `run_dir` for this process; a ConfigError at once if another live run holds it."""
+    os.makedirs(run_dir, exist_ok=True)
+    fd = os.open(os.path.join(run_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        previous = os.read(fd, 512).decode(errors="replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"run_dir {run_dir!r} is in use by {previous or 'another process'}: a run dir has one "
+                "owner. Wait for that run to end (or stop it), or give this one another run_dir=PATH.") from None
+        if previous:
+            print(f"run_dir lock: {previous} did not exit cleanly; taking the run dir over", flush=True)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {time.ctime()}".encode(), 0)
+        yield
+        os.ftruncate(fd, 0)  # a clean exit leaves an empty file
+    finally:
+        os.close(fd)  # releases the lock
