@@ -5,8 +5,8 @@
 
 The parts are the real programs of a run (stack.step, stack.algorithms.grpo), each timed
 alone on the same round after compiling: generation (the KV-cache sampler) and the old
-log-probs (the training forward over the sampled sequences), which `collect` runs as one
-program; scoring (the reward functions in their worker process, on the host); finalize
+log-probs (the training forward over the sampled sequences; skipped, 0, with one optimizer
+step per round), which `collect` runs as one program; scoring (the reward functions in their worker process, on the host); finalize
 (advantages) and the update. A round is collect + scoring + finalize + update. Goal:
 generation under half of the round.
 """
@@ -60,7 +60,7 @@ def round_parts(overrides: list[str]) -> dict[str, float]:
         fresh = lambda: jax.tree.map(jnp.copy, run.state)  # noqa: E731  (update donates its state)
         parts = {"collect": seconds(p.collect, lambda: (state, run.frozen, batch, True)),
                  "generation": seconds(gen, lambda: (state,)),
-                 "old log-probs": seconds(old, lambda: (state,)),
+                 "old log-probs": seconds(old, lambda: (state,)) if alg.keep_old else 0.0,
                  "scoring": seconds(alg.score, lambda: (xp, host)),
                  "finalize": seconds(p.finalize, lambda: (xp, scores, run.state.algo)),
                  "update": seconds(p.update, lambda: (fresh(), run.frozen, ready, 0))}

@@ -25,11 +25,10 @@ Each trial builds both afresh and runs `--rounds` rounds; the first `--warmup` r
 the rest is the trial's seconds per round.
 Trials alternate (stack, Tunix, ...); the median over trials and the ratio are printed.
 
-Caveats: a round is not the same work in both. stack's round also runs the old log-probs
-forward (a training forward of the sampled sequences) even when num_iterations = 1, reads
-prompts through its Grain pipeline and scores in a reward worker process; Tunix skips the
-old log-probs when num_iterations = 1 (the loss uses stop_gradient of the current ones),
-iterates pre-rendered prompt strings (tokenized per round on the host) and calls the reward
+Caveats: a round is not quite the same work in both. Both skip the old log-probs forward
+at num_iterations = 1 (the loss uses stop_gradient of the current ones). stack reads
+prompts through its Grain pipeline and scores in a reward worker process; Tunix iterates
+pre-rendered prompt strings (tokenized per round on the host) and calls the reward
 function in-process. Its completions stop before EOS (stack's include it); its sampler
 reuses one seed every round (RolloutConfig.seed None -> PRNGKey(0)). Both models are
 untrained: EOS is rarely sampled, so both decode loops run all 8 steps, and every reward is
@@ -232,9 +231,8 @@ def main() -> None:
         print(f"{size}: stack {a * 1e3:.1f} ms per round (min {min(ours) * 1e3:.1f}) | tunix {b * 1e3:.1f} ms "
               f"(min {min(theirs) * 1e3:.1f}) | ratio stack/tunix of medians {a / b:.3f}, of mins "
               f"{min(ours) / min(theirs):.3f} (goal < 1)")
-        print("  a round: stack = sample + old log-probs forward + reward (worker process) + advantages + 1 update; "
-              "tunix = sample + reward (in-process) + advantages + 1 update, no old log-probs forward "
-              "(num_iterations 1: the loss uses stop_gradient of the current ones)")
+        print("  a round: sample + reward + advantages + 1 update in both (no old log-probs forward at "
+              "num_iterations 1); stack scores in a worker process, tunix in-process")
 
 
 if __name__ == "__main__":

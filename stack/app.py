@@ -14,13 +14,14 @@ import hydra
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.core.override_parser.types import Override
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
-from stack.errors import ConfigError, RunFailed, bad_choice, unknown_key, wrong_type
+from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
 from stack.validate import validate
 
 CONFIG_MODULE = "stack.conf"
@@ -40,8 +41,11 @@ def _override_sets(overrides: list[str]) -> list[list[str]]:
     """
     fixed: list[str] = []
     sweeps: list[tuple[int, str, list[str]]] = []
-    for o in OverridesParser.create().parse_overrides(overrides):
+    for o in _parsed(overrides):
         if o.key_or_group.startswith("hydra"):
+            continue
+        if o.is_delete():  # ~key: no value to check
+            fixed.append(o.input_line)
             continue
         values = [o.input_line.split("=", 1)[1]] if not o.is_sweep_override() else None
         if values is None:
@@ -63,9 +67,23 @@ def _override_sets(overrides: list[str]) -> list[list[str]]:
     return sets
 
 
+def _parsed(overrides: list[str]) -> list[Override]:
+    """Hydra's parse of each override; one that does not parse is a ConfigError naming it."""
+    parser, parsed = OverridesParser.create(), []
+    for line in overrides:
+        try:
+            parsed += parser.parse_overrides([line])
+        except OverrideParseException as exc:
+            raise ConfigError(
+                f"Cannot parse the override {short(line)!r}: {short(str(exc).splitlines()[0], 160)}. The syntax is "
+                "key=value, +key=value (add), ~key (delete), key=a,b (a sweep); quote a value with brackets, "
+                "spaces or non-ASCII characters: 'key=\"value\"'.") from None
+    return parsed
+
+
 def _friendly(exc: Exception, overrides: list[str]) -> ConfigError:
     """Turn a Hydra/OmegaConf composition error into a one-paragraph ConfigError."""
-    cause = exc.__cause__
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
         group, _, name = exc.missing_cfg_file.rpartition("/")
         return bad_choice(group, name, exc.options, what="option")
@@ -85,7 +103,7 @@ def _friendly(exc: Exception, overrides: list[str]) -> ConfigError:
         expected = m.group(1).lower() if m else str(cause).splitlines()[0]
         return wrong_type(key, value, f"a value of type {expected}")
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return ConfigError(f"Cannot compose the config with overrides {overrides}: {first}")
+    return ConfigError(f"Cannot compose the config with overrides {short(overrides, 300)}: {short(first, 300)}")
 
 
 def preflight(argv: list[str]) -> DictConfig | None:
@@ -101,11 +119,11 @@ def preflight(argv: list[str]) -> DictConfig | None:
         for overrides in _override_sets(args.overrides):
             try:
                 job_cfg = compose(config_name=args.config_name or "config", overrides=overrides)
-            except (ConfigCompositionException, AssertionError) as exc:
+                validate(job_cfg)  # reads every value: a bad interpolation fails here
+            except (ConfigCompositionException, OmegaConfBaseException, AssertionError, TypeError, OSError) as exc:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 raise _friendly(exc, overrides) from exc
-            validate(job_cfg)
             cfg = cfg or job_cfg
     return cfg
 
@@ -140,7 +158,16 @@ def hydra_task(cfg: DictConfig) -> Any:
 
 
 def main() -> None:
-    """`python -m stack [overrides]`: preflight, then hand over to Hydra."""
+    """`python -m stack [overrides]`: preflight, then hand over to Hydra. Ctrl-C anywhere ends
+    the process with one line and exit code 130 (in the loop, after the save it triggers)."""
+    try:
+        _checked_and_run()
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)
+
+
+def _checked_and_run() -> None:
     try:
         preflight(sys.argv[1:])
     except ConfigError as exc:

@@ -16,8 +16,16 @@ class DataError(ConfigError):
     """A data file or record that cannot be used; the message starts with `file:line: `."""
 
 
+def short(value: object, limit: int = 80) -> str:
+    """`value` as text, its middle cut out when longer than `limit` (errors echo user input)."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
+
+
 def did_you_mean(word: str, options: Iterable[str]) -> str:
     """' Did you mean X?' (or 'X or Y') for the closest options, '' when nothing is close."""
+    if len(word) > 100:  # nothing is close to a very long word; difflib would be slow
+        return ""
     close = difflib.get_close_matches(word, list(options), n=2, cutoff=0.7)
     return f" Did you mean {' or '.join(close)}?" if close else ""
 
@@ -28,7 +36,7 @@ def unknown_key(full_key: str, valid: Iterable[str]) -> ConfigError:
     valid = sorted(valid)
     where = f"'{parent}'" if parent else "the top level"
     return ConfigError(
-        f"Unknown config key '{full_key}': {where} has no key '{key}'."
+        f"Unknown config key '{short(full_key)}': {where} has no key '{short(key)}'."
         f"{did_you_mean(key, valid)} Valid keys: {', '.join(valid)}."
     )
 
@@ -36,7 +44,7 @@ def unknown_key(full_key: str, valid: Iterable[str]) -> ConfigError:
 def wrong_type(full_key: str, value: object, expected: str) -> ConfigError:
     """Error for a value that does not convert to the schema's type."""
     return ConfigError(
-        f"Wrong type for '{full_key}': got {value!r}, expected {expected}."
+        f"Wrong type for '{full_key}': got {short(repr(value))}, expected {expected}."
     )
 
 
@@ -44,6 +52,6 @@ def bad_choice(full_key: str, value: object, allowed: Iterable[str], what: str =
     """Error for a value outside a closed set (a group option, an enum-like string)."""
     allowed = sorted(allowed)
     return ConfigError(
-        f"Unknown {what} {value!r} for '{full_key}'.{did_you_mean(str(value), allowed)} "
+        f"Unknown {what} {short(repr(value))} for '{full_key}'.{did_you_mean(str(value), allowed)} "
         f"Available: {', '.join(allowed) or '(none)'}."
     )

@@ -2,6 +2,7 @@
 
 import math
 import os
+import signal
 import sys
 from typing import Any
 
@@ -89,6 +90,8 @@ def run(cfg: DictConfig) -> Any:
     summary = train_run(cfg)
     if summary.status == "preempted":
         print(f"{summary.message}: checkpoint saved; rerun the same command to resume.", flush=True)
+        if summary.signal == signal.SIGINT:  # Ctrl-C: saved like SIGTERM, then exit 130 (a sweep stops too)
+            raise KeyboardInterrupt
     name = objective_of(cfg)
     objective = summary.metric(name)
     if objective is None and summary.status == "completed":

@@ -6,7 +6,10 @@
   stopping is learned) or after `max_new_tokens` (counted in `completions/clipped_ratio`).
 - The old log-probs come from the training forward of the sampling policy (not from the
   decode logits), with the sampling temperature applied; `logprob_mismatch` logs the
-  largest |Δ log p| between the two (≈ 0: the sampler and trainer agree).
+  largest |Δ log p| between the two (≈ 0: the sampler and trainer agree). With one
+  optimizer step per round (μ = 1, one minibatch) the policy the loss sees is the one that
+  sampled, so that forward is skipped and old = stop_gradient(current), as TRL does when
+  gradient accumulation covers the generation batch (`old_per_token_logps` None).
 - Rewards: the `reward` group's functions on the host, summed with `reward.weights`
   skipping NaN (TRL's nansum); a completion no function scored is left out.
 - Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none.
@@ -39,6 +42,11 @@ from stack.schema.algorithm import GRPOConfig
 PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
 
 
+def mismatch(xp: Batch, logps: jax.Array) -> jax.Array:
+    """The largest |sampler log p − training log p| over the completion tokens."""
+    return jnp.where(xp["completion_mask"] > 0, jnp.abs(xp["sampler_logps"] - logps), 0).max()
+
+
 def completion_logps(policy: nnx.Module, xp: Batch, temperature: float) -> tuple[jax.Array, jax.Array]:
     """(log-probs, entropies) [R, N] of the completions under the policy's training forward."""
     seq = jnp.concatenate([xp["prompt_ids"], xp["completion"]], -1)
@@ -61,6 +69,7 @@ class GRPO:
         self.beta, self.kl_estimator, self.loss_type, self.scale = beta, kl_estimator, loss_type, scale_rewards
         self.eps_low, self.eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
         self.schedule = Schedule(num_iterations, steps_per_generation)
+        self.keep_old = num_iterations * steps_per_generation > 1  # else old = stop_gradient(current)
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = None
@@ -84,10 +93,10 @@ class GRPO:
                            sampling)
             xp = {**b, "completion": out.tokens, "completion_mask": out.mask, "truncated": out.truncated,
                   "sampler_logps": out.logps}
-            if train:
+            if train and self.keep_old:
                 xp["old_logps"] = completion_logps(models.policy, xp, self.temperature)[0]
-                if self.beta:
-                    xp["ref_logps"] = completion_logps(self.reference.model(models, frozen), xp, self.temperature)[0]
+            if train and self.beta:
+                xp["ref_logps"] = completion_logps(self.reference.model(models, frozen), xp, self.temperature)[0]
             return xp
 
         return map_micro(one, rows)
@@ -125,19 +134,21 @@ class GRPO:
         """Group-relative advantages and the round's reward metrics."""
         reward, metrics = self._reward_metrics(xp, scores)
         advantages, std = group_advantages(reward, self.group, self.scale)
-        mask = xp["completion_mask"] > 0
-        metrics.update({"reward_std": std.mean(), "frac_reward_zero_std": jnp.isclose(std, 0.0).mean(),
-                        "logprob_mismatch": jnp.where(mask, jnp.abs(xp["sampler_logps"] - xp["old_logps"]), 0).max()})
+        metrics.update({"reward_std": std.mean(), "frac_reward_zero_std": jnp.isclose(std, 0.0).mean()})
+        if "old_logps" in xp:
+            metrics["logprob_mismatch"] = mismatch(xp, xp["old_logps"])
         return {**xp, "advantages": advantages}, state, metrics
 
     def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
         logps, entropy = completion_logps(models.policy, batch, self.temperature)
         mask = batch["completion_mask"].astype(jnp.float32)
-        per_token, clip = clipped_surrogate(logps, batch["old_logps"], batch["advantages"][:, None],
-                                            self.eps_low, self.eps_high)
+        old = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(logps)
+        per_token, clip = clipped_surrogate(logps, old, batch["advantages"][:, None], self.eps_low, self.eps_high)
         metrics = {"entropy": masked_mean(entropy, mask),
                    **{f"clip_ratio/{k}_mean": masked_mean(clip[k].astype(jnp.float32), mask)
                       for k in ("low", "high", "region")}}
+        if "old_logps" not in batch:  # the first pass over the samples: compare with the sampler here
+            metrics["logprob_mismatch"] = mismatch(batch, jax.lax.stop_gradient(logps))
         if self.beta:
             kl = kl_estimate(logps, batch["ref_logps"], self.kl_estimator)
             per_token = per_token + self.beta * kl

@@ -40,3 +40,18 @@ def test_a_second_run_is_refused_naming_the_holder_then_takes_over_after_kill_9(
     assert (run_dir / ".lock").read_text() == ""  # a clean exit leaves no owner behind
     with owned(str(run_dir)):
         assert "taking the run dir over" not in capsys.readouterr().out
+
+
+def test_ctrl_c_before_the_loop_is_one_line_and_exit_130(tmp_path):
+    """SIGINT while the process imports, composes or builds: no traceback (issue 15, item 5)."""
+    import signal
+    import time
+
+    from tests.integration.test_resume import start
+
+    for delay in (0.5, 3.0):
+        proc = start([*QUICK, "trainer.steps=2", f"run_dir={tmp_path / str(delay)}"], str(tmp_path))
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and err.strip().splitlines() == ["interrupted (Ctrl-C)"], (delay, err[-2000:])

@@ -77,3 +77,22 @@ def test_the_algorithm_says_which_data_it_reads():
     msg = error_of(["data=jsonl_prefs"])
     assert "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text records" in msg
     assert "'algorithm.loss_type'" in error_of(["algorithm=dpo", "data=jsonl_prefs", "algorithm.loss_type=ipx"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["trainer.steps=[1,2"], ["Cannot parse the override 'trainer.steps=[1,2'", "key=value"]),
+    (["run_dir=é"], ["Cannot parse the override 'run_dir=é'", "quote"]),
+    (["~trainer.steps"], ["~trainer.steps"]),
+    (["optimizer.chain.k0.max_norm=1"], ["optimizer.chain.k0.max_norm=1", "'k0'"]),
+    (["trainer.steps=${oc.env:HOME}"], ["'trainer.steps'", "oc.env:HOME", "integer"]),
+])
+def test_inputs_that_were_tracebacks_are_one_paragraph(argv, words):
+    """Hardening (issue 15, item 8): each was an IndexError / parse or type traceback."""
+    msg = error_of(argv)
+    assert all(w in msg for w in words), msg
+
+
+def test_a_3000_character_key_or_value_is_shortened_in_the_message():
+    for argv in (["x" * 3000 + "=1"], ["model.d_model=" + "y" * 3000], ["model=" + "z" * 3000]):
+        msg = error_of(argv)
+        assert len(msg) < 800 and "(3" in msg and "characters)" in msg, msg
