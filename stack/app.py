@@ -67,6 +67,13 @@ def _override_sets(overrides: list[str]) -> list[list[str]]:
     return sets
 
 
+def last_wins(argv: list[str]) -> list[str]:
+    """`argv` without the earlier overrides of a key set again later (Hydra's last-wins rule,
+    applied before composing, so an earlier bad value is not what fails)."""
+    keys = [a.split("=", 1)[0].lstrip("+") if "=" in a and not a.startswith("-") else None for a in argv]
+    return [a for i, (a, k) in enumerate(zip(argv, keys)) if k is None or k not in keys[i + 1:]]
+
+
 def _parsed(overrides: list[str]) -> list[Override]:
     """Hydra's parse of each override; one that does not parse is a ConfigError naming it."""
     parser, parsed = OverridesParser.create(), []
@@ -92,8 +99,11 @@ def _friendly(exc: Exception, overrides: list[str]) -> ConfigError:
         valid = getattr(getattr(cause, "object_type", None), "__dataclass_fields__", None)
         if valid is None:  # a plain dict node (e.g. an optimizer.chain entry): its own keys
             others = [o for o in overrides if full_key.replace("[", ".").replace("]", "") not in o]
-            parent = OmegaConf.select(compose(config_name="config", overrides=others),
-                                      full_key.rpartition(".")[0], default=None)
+            try:
+                parent = OmegaConf.select(compose(config_name="config", overrides=others),
+                                          full_key.rpartition(".")[0], default=None)
+            except Exception:  # another override is bad too: report this one without the list
+                parent = None
             valid = list(parent.keys()) if isinstance(parent, DictConfig) else []
         return unknown_key(full_key, valid)
     if isinstance(cause, ValidationError) and cause.full_key:
@@ -111,7 +121,7 @@ def preflight(argv: list[str]) -> DictConfig | None:
 
     Returns the first job's config (None for --help and the like).
     """
-    args = hydra._internal.utils.get_args_parser().parse_args(argv)
+    args = hydra._internal.utils.get_args_parser().parse_args(last_wins(argv))
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     cfg = None
@@ -120,7 +130,8 @@ def preflight(argv: list[str]) -> DictConfig | None:
             try:
                 job_cfg = compose(config_name=args.config_name or "config", overrides=overrides)
                 validate(job_cfg)  # reads every value: a bad interpolation fails here
-            except (ConfigCompositionException, OmegaConfBaseException, AssertionError, TypeError, OSError) as exc:
+            except (ConfigCompositionException, OmegaConfBaseException, AssertionError, TypeError, ValueError,
+                    OSError) as exc:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 raise _friendly(exc, overrides) from exc
@@ -160,11 +171,13 @@ def hydra_task(cfg: DictConfig) -> Any:
 def main() -> None:
     """`python -m stack [overrides]`: preflight, then hand over to Hydra. Ctrl-C anywhere ends
     the process with one line and exit code 130 (in the loop, after the save it triggers)."""
+    sys.argv[1:] = last_wins(sys.argv[1:])  # what Hydra composes, too
     try:
         _checked_and_run()
     except KeyboardInterrupt:
-        print("interrupted (Ctrl-C)", file=sys.stderr)
-        sys.exit(130)
+        print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # no interpreter teardown: XLA threads cut short by Ctrl-C can crash it
 
 
 def _checked_and_run() -> None:

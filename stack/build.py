@@ -26,6 +26,7 @@ from stack.models.llama import abstract_model, init_model
 from stack.parallel import check_layout, logical_rules, make_mesh
 from stack.quant import Lora, NoQuantization, make_quantization
 from stack.rewards import RewardRunner, make_rewards
+from stack.targets import check_targets
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     `abstract`: shape-only model, no loggers, no peak probe. `devices`: lay the mesh out on
     these (e.g. a TPU topology's devices for AOT compilation) instead of the local ones.
     """
+    check_targets(cfg, tuple(cfg.allow_targets))  # each `_target_` judged by what it names, before any is built
     devices = devices if devices is not None else check_platform(cfg.hardware)
     mesh, rules = make_mesh(cfg.mesh, devices), logical_rules(cfg.mesh)
     check_layout(mesh, rules, abstract_model(cfg.model), cfg.model, cfg.data.batch_size)

@@ -15,6 +15,7 @@ scratch while checkpoints exist.
 import glob
 import os
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from omegaconf import DictConfig, OmegaConf
 
+from stack.checkpoint_errors import aborted_write, writing
 from stack.errors import ConfigError
 
 # Config keys whose change would make a resumed run compute something else; the rest
@@ -44,6 +46,7 @@ class Tier:
     path: str
     every: int
     manager: ocp.CheckpointManager
+    pending: int | None = None  # the step of the last save started (async saves finish later)
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Checkpointer:
             if c.persistent is not None and c.persistent.path:
                 p = c.persistent
                 self.tiers.append(Tier("persistent", p.path, p.every, _manager(p.path, p.keep, c.async_save)))
+        sys.unraisablehook = aborted_write
         self._other: ocp.CheckpointManager | None = None  # resume=PATH: another run's dir, read only
         if self.resume not in ("auto", "never"):
             if not os.path.isdir(self.resume) and "://" not in self.resume:
@@ -127,9 +131,13 @@ class Checkpointer:
             items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta))
             if columns is not None:
                 items["columns"] = ocp.args.StandardSave(columns)
-            tier.manager.save(step, args=ocp.args.Composite(**items))
-            if block:
+            with writing(tier, tier.pending):  # the previous async save: its error surfaces here
                 tier.manager.wait_until_finished()
+            tier.pending = step
+            with writing(tier, step):
+                tier.manager.save(step, args=ocp.args.Composite(**items))
+                if block:
+                    tier.manager.wait_until_finished()
 
     def _sources(self) -> list[tuple[str, ocp.CheckpointManager]]:
         if self.resume == "never":
@@ -203,8 +211,11 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for pending async saves, then release the managers."""
         for tier in self.tiers:
-            tier.manager.wait_until_finished()
-            tier.manager.close()
+            try:
+                with writing(tier, tier.pending):
+                    tier.manager.wait_until_finished()
+            finally:
+                tier.manager.close()
         if self._other is not None:
             self._other.close()
 

@@ -7,9 +7,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from stack.errors import ConfigError, bad_choice, unknown_key
 from stack.rewards import check_name
-
-# `_target_` prefixes that build() may import; `allow_targets` adds more (explicit opt-in).
-TRUSTED_TARGETS = ("stack.", "optax.", "flax.", "jax.", "qwix.", "grain.", "orbax.")
+from stack.schema import GROUPS
+from stack.targets import check_targets
 
 CHOICES = {
     "mode": ("train", "compile", "validate"),
@@ -33,6 +32,10 @@ POSITIVE = ("trainer.steps", "trainer.grad_accum", "trainer.log_every", "trainer
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first problem found in `cfg`."""
+    for group in GROUPS:
+        if not isinstance(cfg.get(group), DictConfig):
+            raise ConfigError(f"The '{group}' group has no option (was it deleted with ~{group}?); every run needs "
+                              f"one: choose it with {group}=NAME (python -m stack --info defaults lists them).")
     _check_schema_keys(cfg, "")
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
@@ -58,7 +61,7 @@ def validate(cfg: DictConfig) -> None:
     _check_quantization(cfg.quantization)
     _check_algorithm(cfg)
     _check_reward(cfg)
-    check_targets(cfg, tuple(cfg.allow_targets))
+    check_targets(cfg, tuple(cfg.allow_targets), objects=False)  # build() judges the objects
 
 
 def _check_reward(cfg: DictConfig) -> None:
@@ -66,7 +69,7 @@ def _check_reward(cfg: DictConfig) -> None:
     if not r.functions:
         raise ConfigError("'reward.functions' is empty: list at least one (accuracy, format, length, or pkg.module.fn).")
     for name in r.functions:
-        check_name(name, tuple(cfg.allow_targets))
+        check_name(name, tuple(cfg.allow_targets))  # by its text; make_rewards judges the object
     if r.weights is not None and len(r.weights) != len(r.functions):
         raise ConfigError(f"'reward.weights' has {len(r.weights)} entries for {len(r.functions)} functions "
                           f"({list(r.functions)}); give one weight per function or null.")
@@ -168,32 +171,3 @@ def _check_schema_keys(node: Any, prefix: str) -> None:
         if OmegaConf.is_missing(node, key):
             continue
         _check_schema_keys(node._get_node(key), f"{prefix}{key}.")
-
-
-def targets(node: Any, path: str = "") -> list[tuple[str, str]]:
-    """All (config path, `_target_`) pairs below `node`."""
-    found = []
-    if isinstance(node, DictConfig):
-        for key in node.keys():
-            child = node._get_node(key)
-            if key == "_target_":
-                found.append((path.rstrip(".") or "<root>", str(child._value())))
-            else:
-                found.extend(targets(child, f"{path}{key}."))
-    elif isinstance(node, ListConfig):
-        for i in range(len(node)):
-            found.extend(targets(node._get_node(i), f"{path}{i}."))
-    return found
-
-
-def check_targets(cfg: DictConfig, extra: tuple[str, ...] = ()) -> None:
-    """Only `_target_`s under trusted module prefixes (or ones the user allowed) may be built."""
-    allowed = TRUSTED_TARGETS + tuple(p if p.endswith(".") else p + "." for p in extra)
-    for path, target in targets(cfg):
-        if not target.startswith(allowed):
-            module = target.rsplit(".", 1)[0]
-            raise ConfigError(
-                f"'{path}._target_'={target!r} is outside the trusted module prefixes "
-                f"({', '.join(TRUSTED_TARGETS)}). Building it would import and run arbitrary "
-                f"code; to allow it on purpose add 'allow_targets=[{module}]'."
-            )

@@ -42,6 +42,9 @@ class JsonlSource:
     def __init__(self, paths: list[str]):
         self._index: list[tuple[str, int, int]] = []  # (path, line number, byte offset)
         for path in paths:
+            if os.path.isdir(path):
+                raise DataError(f"{path}: a directory, not a JSON-lines file; point 'data.path' at its files, "
+                                f"e.g. '{os.path.join(path, '*.jsonl')}'.")
             with open(path, "rb") as f:
                 offset = 0
                 for lineno, line in enumerate(f, start=1):
@@ -63,6 +66,9 @@ class JsonlSource:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from None
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at "
+                            f"column {exc.start + 1}); JSON-lines files must be UTF-8.") from None
         if not isinstance(record, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
         record["_where"] = f"{path}:{lineno}"

@@ -2,9 +2,9 @@
 RewardRunner in worker processes with a timeout."""
 
 import functools
-import importlib
 from typing import Any, Callable
 
+from stack import targets
 from stack.errors import ConfigError, bad_choice
 from stack.rewards.functions import RULES
 from stack.rewards.runner import RewardRunner
@@ -27,14 +27,10 @@ def resolve(name: str, allowed: tuple[str, ...]) -> Callable:
     check_name(name, allowed)
     if name in RULES:
         return RULES[name]
-    module, _, attr = name.rpartition(".")
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"'reward.functions' entry {name!r} cannot be imported: {exc}.") from exc
-    if not callable(fn) or getattr(fn, "__module__", None) != module:
-        raise ConfigError(f"'reward.functions' entry {name!r} is not a function defined in {module}.")
-    return fn
+        return targets.resolve(name, tuple(p.rstrip(".") for p in allowed))
+    except (LookupError, ImportError) as why:
+        raise ConfigError(f"'reward.functions' entry {name!r} cannot be used: {why}.") from None
 
 
 def make_rewards(cfg: Any, allowed: tuple[str, ...]) -> RewardRunner:

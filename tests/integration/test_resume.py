@@ -236,3 +236,28 @@ def jax_keys(tree, prefix="") -> list[str]:
     if isinstance(tree, dict):
         return [k for key, v in tree.items() for k in jax_keys(v, f"{prefix}/{key}")]
     return [prefix]
+
+
+FULL_DISK = """import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+sys.argv = ["stack", *sys.argv[1:]]
+runpy.run_module("stack", run_name="__main__")"""
+
+
+def test_a_failed_save_stops_with_one_paragraph_and_the_previous_step_restores(tmp_path):
+    """Issue 15, items 4 and 8b: a save that cannot be written (files over RLIMIT_FSIZE) is never
+    restored; the run stops with the step, the path and the OS error, exit 1."""
+    run_dir = tmp_path / "run"
+    args = ARGS[:4] + ["trainer.steps=7", "logger=jsonl", "trainer.eval_batches=1", f"run_dir={run_dir}"]
+    assert run_cli(args, cwd=str(tmp_path)).returncode == 0  # step 7 saved
+    longer = [a.replace("trainer.steps=7", "trainer.steps=14") for a in args]
+    res = subprocess.run([sys.executable, "-c", FULL_DISK, *longer], cwd=str(tmp_path), capture_output=True, text=True,
+                         env={**os.environ, "WANDB_SILENT": "true"}, timeout=300)
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 1 and last.startswith(f"error: checkpoint step 14 could not be written to {run_dir}"), \
+        res.stderr[-3000:]
+    assert "File too large (errno 27)" in last and "step 7 there still restores" in last
+    assert len(res.stderr.strip().splitlines()) <= 15
+    res = run_cli(longer, cwd=str(tmp_path))
+    assert res.returncode == 0 and "resumed after step 7" in res.stdout, res.stderr[-3000:]

@@ -56,8 +56,10 @@ def test_sweep_values_are_checked():
 def test_untrusted_target_needs_opt_in():
     msg = error_of(["algorithm._target_=os.system"])
     assert "'algorithm._target_'" in msg and "allow_targets" in msg
-    # explicit opt-in passes the check (the target is only imported at build time)
-    preflight(["algorithm._target_=mypkg.algos.Custom", "allow_targets=[mypkg]"])
+    msg = error_of(["algorithm._target_=tests.unit.toy_reinforce.Reinforce"])
+    assert "outside the allowed packages" in msg and "is not imported" in msg
+    # explicit opt-in passes the pre-run check (build then judges the object it names)
+    preflight(["algorithm._target_=tests.unit.toy_reinforce.Reinforce", "allow_targets=[tests]"])
 
 
 def test_unknown_key_in_a_chain_entry_lists_its_keys():
@@ -96,3 +98,13 @@ def test_a_3000_character_key_or_value_is_shortened_in_the_message():
     for argv in (["x" * 3000 + "=1"], ["model.d_model=" + "y" * 3000], ["model=" + "z" * 3000]):
         msg = error_of(argv)
         assert len(msg) < 800 and "(3" in msg and "characters)" in msg, msg
+
+
+def test_the_last_of_a_key_given_twice_wins():
+    """Hydra's rule, also when the earlier value is bad (it was reported instead)."""
+    from stack.app import last_wins
+
+    assert preflight(["trainer.steps=3", "trainer.steps=5"]).trainer.steps == 5
+    assert preflight(["model.d_model=two", "model.d_model=64"]).model.d_model == 64
+    assert preflight(["model=llama3_8b", "+recipe=llama_sft", "model=llama_tiny"]).model.name == "llama_tiny"
+    assert last_wins(["-m", "a=1", "+b=2", "~c", "a=3", "--cfg", "job"]) == ["-m", "+b=2", "~c", "a=3", "--cfg", "job"]

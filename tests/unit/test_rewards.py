@@ -39,8 +39,10 @@ def test_user_functions_need_the_allow_list():
     with pytest.raises(ConfigError, match=r"allow_targets=\[tests.unit.reward_fns\]"):
         resolve("tests.unit.reward_fns.constant", ())
     assert resolve("tests.unit.reward_fns.constant", ("tests",)) is reward_fns.constant
-    with pytest.raises(ConfigError, match="is not a function defined in"):
+    with pytest.raises(ConfigError, match="names a module, not a class or function"):
         resolve("tests.unit.reward_fns.time", ("tests",))  # a module reached through the allowed one
+    with pytest.raises(ConfigError, match="not a class or function"):
+        resolve("tests.unit.reward_fns.time.sleep", ("tests",))  # and a builtin through it
     with pytest.raises(ConfigError, match="Did you mean accuracy"):
         resolve("acuracy", ())
 

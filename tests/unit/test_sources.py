@@ -132,3 +132,14 @@ def test_dataset_dict_dir_names_the_splits(tmp_path):
     with pytest.raises(DataError, match=r"splits train, test; point at one split's folder"):
         FILE_SOURCES["hf_disk"]([path])
     assert [strip(r) for r in FILE_SOURCES["hf_disk"]([os.path.join(path, "test")])] == RECORDS[15:]
+
+
+def test_jsonl_invalid_utf8_and_a_directory_name_the_file(tmp_path):
+    """Hardening (issue 15, item 8): both were tracebacks (UnicodeDecodeError, IsADirectoryError)."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"prompt": "1+1=", "completion": "2"}\n{"prompt": "caf\xe9", "completion": "x"}\n')
+    src = FILE_SOURCES["jsonl"]([str(path)])
+    with pytest.raises(DataError, match=re.escape(f"{path}:2: not UTF-8 text (byte b'\\xe9' at column 16)")):
+        src[1]
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path}: a directory, not a JSON-lines file")):
+        FILE_SOURCES["jsonl"]([str(tmp_path)])

@@ -1,0 +1,43 @@
+"""Failed checkpoint saves: one paragraph (which step, where, the OS error, what still
+restores) instead of Orbax/TensorStore tracebacks. Orbax never commits a half-written step, so
+the previous one restores on the rerun."""
+
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from stack.errors import RunFailed, short
+
+
+@contextmanager
+def writing(tier: Any, step: int | None) -> Iterator[None]:
+    """A failed (possibly async) save of `step` becomes one paragraph: which step, where, the OS
+    error, and what still restores. Orbax never commits the half-written step."""
+    try:
+        yield
+    except Exception as exc:
+        saved = [s for s in tier.manager.all_steps() if s != step]
+        left = f"step {max(saved)} there still restores" if saved else "no earlier step was saved there"
+        raise RunFailed(
+            f"checkpoint step {step} could not be written to {tier.path}/{step}: {_os_error(exc)}. The run "
+            f"stopped; {left}. Free space (or point checkpoint.path elsewhere) and rerun the same command to "
+            "resume.") from exc
+
+
+def aborted_write(unraisable: Any) -> None:
+    """sys.unraisablehook: when a save fails, TensorStore completes its other in-flight writes into
+    Orbax's closed event loop, one 'Event loop is closed' traceback each (hundreds, while the
+    loop goes on): those alone are dropped; the failure itself is reported by `writing`."""
+    if not (isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value)):
+        sys.__unraisablehook__(unraisable)
+
+
+def _os_error(exc: Exception) -> str:
+    """The OS error inside a TensorStore/Orbax message ("File too large (errno 27)"), else its last line."""
+    text = str(exc).strip()
+    found = re.search(r"([^:]+) \[os_error_code='?(\d+)", text)
+    if found:
+        return f"{found.group(1).strip()} (errno {found.group(2)})"
+    return short((text.splitlines() or [type(exc).__name__])[-1], 300)
