@@ -22,7 +22,7 @@ from flax import nnx
 from hydra import compose, initialize_config_module
 
 from step_overhead import bench_args  # bench/ is on sys.path when run as a script
-from stack.algorithms.grpo import completion_logps
+from stack.algorithms.onpolicy import completion_logps
 from stack.build import build
 from stack.rollout import generate, sample_keys
 from stack.trainer import Trainer

@@ -26,6 +26,7 @@ from stack.models.llama import abstract_model, init_model
 from stack.parallel import check_layout, logical_rules, make_mesh
 from stack.quant import Lora, NoQuantization, make_quantization
 from stack.rewards import RewardRunner, make_rewards
+from stack.rewards.model import ModelReward
 from stack.targets import check_targets
 
 
@@ -51,7 +52,7 @@ class Experiment:
     sinks: tuple[Sink, ...] = ()
     checkpointer: Checkpointer | None = None  # None: shape-only (validate / compile)
     wandb_id: str | None = None
-    rewards: RewardRunner | None = None  # the `reward` group, for algorithms that score on the host
+    rewards: RewardRunner | ModelReward | None = None  # the `reward` group (rule functions or a reward model)
 
 
 def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:

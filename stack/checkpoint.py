@@ -232,14 +232,9 @@ def check_format(meta: dict[str, Any], where: str) -> None:
             "still loads its params), or finish that run with the stack version that wrote it.")
 
 
-def load_params(model: Any, path: str, step: int | None = None) -> int:
-    """Overwrite `model`'s params with those of a checkpoints dir (newest step, or `step`).
-
-    Reads the arrays without a target (any mesh wrote them) and lays each out like the
-    model's own param. Returns the step read.
-    """
-    from flax import nnx
-
+def read_params(path: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+    """The saved params of a checkpoints dir (newest step, or `step`) as host arrays: in
+    format 2 {"policy": ..., <extra trained module>: ...}; and the step read."""
     if not os.path.isdir(path) and "://" not in path:
         raise ConfigError(f"{path!r}: no such checkpoints dir (expected a run's checkpoints/ folder).")
     manager = ocp.CheckpointManager(os.path.abspath(path) if "://" not in path else path)
@@ -247,25 +242,38 @@ def load_params(model: Any, path: str, step: int | None = None) -> int:
     if step is None:
         raise ConfigError(f"{path!r} holds no complete checkpoint step.")
     r = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    manager.close()
     method = (r.meta.get("config", {}).get("quantization") or {}).get("method", "none")
     if method != "none":
         raise ConfigError(f"Checkpoint {path}/{step} was trained with quantization.method={method!r}: it holds "
                           "the adapters only, not a full model (merging adapters into the base is not built).")
     saved = r.state["params"]
-    if r.meta.get("format", 1) >= 2:  # the policy's params (extra trained modules sit beside it)
-        saved = saved["policy"]
+    return (saved if r.meta.get("format", 1) >= 2 else {"policy": saved}), step
+
+
+def load_params(model: Any, path: str, step: int | None = None) -> int:
+    """Overwrite `model`'s params with the policy's of a checkpoints dir (newest step, or
+    `step`); returns the step read."""
+    tree, step = read_params(path, step)
+    assign_params(model, tree["policy"], f"{path}/{step}")
+    return step
+
+
+def assign_params(model: Any, saved: dict[str, Any], where: str) -> None:
+    """Overwrite `model`'s params with the arrays of the nested dict `saved` (read without a
+    target: any mesh wrote them), each laid out like the model's own param."""
+    from flax import nnx
+
     for keys, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         node = saved
         for k in map(str, keys):
             if not isinstance(node, dict) or k not in node:
-                raise ConfigError(f"Checkpoint {path}/{step} has no param {'.'.join(map(str, keys))}: "
+                raise ConfigError(f"Checkpoint {where} has no param {'.'.join(map(str, keys))}: "
                                   "it was written for another model.")
             node = node[k]
         if isinstance(node, dict):  # format 1 kept each param's nnx Variable wrapper: {"value": array}
             node = node["value"]
         if tuple(node.shape) != tuple(var.value.shape):
-            raise ConfigError(f"Checkpoint {path}/{step}: param {'.'.join(map(str, keys))} has shape "
+            raise ConfigError(f"Checkpoint {where}: param {'.'.join(map(str, keys))} has shape "
                               f"{tuple(node.shape)}, the model expects {tuple(var.value.shape)}.")
         var.value = jax.device_put(node.astype(var.value.dtype), var.value.sharding)
-    manager.close()
-    return step

@@ -111,7 +111,8 @@ class AbstractRun:
 
 def abstract_run(exp: Experiment) -> AbstractRun:
     """The same `stack.step` programs the trainer runs, for abstract state, frozen modules and data."""
-    parts = split_models(exp)
+    with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):  # modules setup builds are born sharded
+        parts = split_models(exp)
     state = initial_state(exp, parts, abstract=True)
     programs = make_programs(exp, parts, jax.tree.map(lambda x: x.sharding, state))
     sharding = batch_sharding(exp.mesh, exp.rules)
@@ -209,6 +210,16 @@ def _print_flops(exp: Experiment, update: CompileReport, collect: CompileReport,
     print(line)
 
 
+def _by_module(r: AbstractRun) -> str:
+    """Per-device trained params (and the optimizer state, which is shaped like them) and frozen
+    weights of each module, e.g. `policy 3.7 GiB trained | value ... | reference 3.7 GiB frozen`."""
+    size = lambda tree, name: _size(bytes_per_device((tree or {}).get(name, {})))  # noqa: E731
+    parts = [f"{name} {size(r.state.params, name)} trained + {size(r.state.rest, name)} not"
+             for name in r.state.params]
+    parts += [f"{name} {size(r.frozen, name)} frozen" for name in (r.frozen or {})]
+    return " | ".join(parts) + " (+ the optimizer state of the trained params)"
+
+
 def compile_for_target(cfg: Any) -> int:
     """`mode=compile`: print the compiled programs' per-device memory, FLOPs and predicted step
     time; return 0 when it fits the chip's HBM (or no HBM size is known), 1 when it does not."""
@@ -224,6 +235,7 @@ def compile_for_target(cfg: Any) -> int:
     state, frozen = bytes_per_device(r.state), bytes_per_device(r.frozen)
     print(f"per device: train state (params, optimizer, rest of the model) {_size(state)} | "
           f"frozen modules {_size(frozen)}")
+    print(f"  by module: {_by_module(r)}")
     if hbm and state + frozen > hbm:  # no need to spend minutes compiling
         return _does_not_fit(state + frozen, hbm, " (train state and frozen modules alone; not compiled)")
     try:

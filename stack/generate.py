@@ -3,6 +3,7 @@ dir or a Hugging Face Llama dir, sampled on device with the KV cache (stack.roll
 
     python -m stack.generate runs/a/checkpoints --prompt "12+7=" --max-new-tokens 8 --temperature 0.7 --top-p 0.9
     python -m stack.generate path/to/hf_llama_dir --prompt "Hello" --greedy
+    python -m stack.generate runs/rm/checkpoints --prompt "copy abc=" --score abc --score abd   # a reward model
 
 A checkpoints dir is read with its run's `config.yaml` (model shape, tokenizer); a HF dir
 with its `config.json` and, when present, its `tokenizer.json` (else the byte tokenizer).
@@ -85,8 +86,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--greedy", action="store_true", help="argmax decoding (temperature 0)")
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--score", action="append", metavar="COMPLETION",
+                        help="with a reward model's checkpoints (algorithm=rm): score this completion of each "
+                             "prompt instead of sampling; repeat for several")
     args = parser.parse_args(argv)
     try:
+        if args.score:
+            from stack.rewards.model import score_texts
+
+            pairs = [(p, c) for p in args.prompt for c in args.score]
+            scores = score_texts(args.path, [p for p, _ in pairs], [c for _, c in pairs])
+            for (prompt, completion), score in zip(pairs, scores):
+                print(f"{score:.4f}\t{prompt}{completion}")
+            return
         model, tokenizer, limit = load(args.path)
         completions = sample(model, tokenizer, args.prompt, args, limit)
     except ConfigError as exc:

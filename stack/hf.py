@@ -1,6 +1,9 @@
 """`python -m stack.hf export RUN/checkpoints --out DIR`: a run's checkpoint as a Hugging Face
 Llama directory (config.json, model.safetensors, and the tokenizer files if the run used a
 local tokenizer) that `transformers.LlamaForCausalLM.from_pretrained(DIR)` loads.
+A reward model's head is written beside it as `score_head.safetensors`, a PPO value model's
+head as `value_head.safetensors`: one tensor `score.weight` [1, d_model] each, the layout of
+`LlamaForSequenceClassification.score` (a PPO value model's own trunk is not exported).
 Importing is `model.init_from=hf:DIR` on any run.
 """
 
@@ -12,21 +15,45 @@ from omegaconf import OmegaConf
 
 from stack.errors import ConfigError
 
+# trained module -> (path of its head's kernel [d_model, 1] in the checkpoint, file written beside the model)
+HEADS = {"score": (("kernel",), "score_head.safetensors"),  # a reward model (algorithm=rm)
+         "value": (("head", "kernel"), "value_head.safetensors")}  # PPO's value model
+
 
 def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "float32") -> int:
-    """Write the params of `checkpoints` (newest step, or `step`) to `out`; return the step."""
-    from stack.checkpoint import load_params
+    """Write the policy of `checkpoints` (newest step, or `step`) to `out`, and the scalar heads
+    saved beside it (HEADS); return the step."""
+    from stack.checkpoint import assign_params, read_params
     from stack.models.hf import export_hf
     from stack.models.llama import init_model
 
     run_dir = os.path.dirname(os.path.abspath(checkpoints.rstrip("/")))
     cfg = OmegaConf.load(os.path.join(run_dir, "config.yaml"))  # the resolved config of the run
     model = init_model(cfg.model, 0)
-    step = load_params(model, checkpoints, step)
+    tree, step = read_params(checkpoints, step)
+    assign_params(model, tree["policy"], f"{checkpoints}/{step}")
     tokenizer = cfg.data.tokenizer
     tokenizer_dir = None if tokenizer == "byte" else tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
     export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype)
+    _export_heads(tree, out, dtype)
     return step
+
+
+def _export_heads(tree: dict, out: str, dtype: str) -> None:
+    """Each scalar head of `tree` as `<file>` with one tensor `score.weight` [1, d_model] (HF's
+    LlamaForSequenceClassification layout)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from stack.models.hf import DTYPES
+
+    for module, (path, file) in HEADS.items():
+        node = tree.get(module)
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            weight = np.ascontiguousarray(np.asarray(node).T.astype(DTYPES[dtype]))
+            save_file({"score.weight": weight}, os.path.join(out, file), metadata={"format": "pt"})
 
 
 def main(argv: list[str] | None = None) -> None:

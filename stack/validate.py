@@ -66,6 +66,14 @@ def validate(cfg: DictConfig) -> None:
 
 def _check_reward(cfg: DictConfig) -> None:
     r = cfg.reward
+    if r.name == "model" and r.init_from is None:
+        raise ConfigError("'reward.init_from' is required: reward=model scores with a reward model, the "
+                          "checkpoints dir of an algorithm=rm run (e.g. +recipe=llama_rm): reward.init_from=RUN/checkpoints.")
+    if r.init_from is not None:  # reward=model: checked when it is loaded (stack.rewards.model)
+        if r.functions:
+            raise ConfigError(f"'reward.init_from'={r.init_from!r} (a reward model) and 'reward.functions'="
+                              f"{list(r.functions)} are both set; a run scores with one: reward=model or reward=rules.")
+        return
     if not r.functions:
         raise ConfigError("'reward.functions' is empty: list at least one (accuracy, format, length, or pkg.module.fn).")
     for name in r.functions:

@@ -13,6 +13,8 @@ half the chat format.
   conversational format. (Copying is learnable by a tiny model in a few hundred steps, so
   the DPO recipe shows preference learning on CPU; ranking right vs wrong sums needs the
   model to have learned addition first, which takes it thousands of steps.)
+- copy_{train,eval}.jsonl: the chosen side of each preference pair as an SFT record, the
+  reward model recipe's warm start (a trunk that can copy, as RMs start from an SFT model)
 """
 
 import json
@@ -59,6 +61,13 @@ def preferences(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict
     return out
 
 
+def copy_sft(pair: dict) -> dict:
+    """The chosen side of a preference pair as an SFT record (same format: plain or chat)."""
+    if isinstance(pair["prompt"], str):
+        return {"prompt": pair["prompt"], "completion": pair["chosen"]}
+    return {"messages": pair["prompt"] + pair["chosen"]}
+
+
 def prompt(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dict:
     text = problem["prompt"]
     return {"prompt": [SYSTEM, {"role": "user", "content": text}] if chat else text,
@@ -91,7 +100,10 @@ if __name__ == "__main__":
     evals = preferences(200, seed=3)
     write_jsonl("prefs_eval.jsonl", evals)
     held_out = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in evals}
-    write_jsonl("prefs_train.jsonl", preferences(2000, seed=2, exclude=held_out))
+    train = preferences(2000, seed=2, exclude=held_out)
+    write_jsonl("prefs_train.jsonl", train)
+    write_jsonl("copy_train.jsonl", [copy_sft(p) for p in train])
+    write_jsonl("copy_eval.jsonl", [copy_sft(p) for p in evals])
     prompt_evals = records(prompt, "eval", 256, seed=5)
     write_jsonl("prompts_eval.jsonl", prompt_evals)
     asked = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in prompt_evals}

@@ -66,6 +66,7 @@ class Context:
     quant: Any  # the quantization provider (stack.quant); `quant.base`: the adapters-off view
     tokenizer: Any = None  # stack.data.tokenizers: decodes completions for host scoring
     rewards: Any = None  # the `reward` group's scorer, for algorithms that score on the host
+    seed: int = 0  # the run's seed (e.g. a new head's initial weights)
 
 
 @dataclass(frozen=True)

@@ -34,26 +34,13 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
+from stack.algorithms.onpolicy import completion_logps, mismatch, rule_rewards, score_on_host
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import clipped_surrogate, group_advantages, kl_estimate, masked_mean
 from stack.rollout import Sampling, generate, sample_keys
 from stack.schema.algorithm import GRPOConfig
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
-
-
-def mismatch(xp: Batch, logps: jax.Array) -> jax.Array:
-    """The largest |sampler log p − training log p| over the completion tokens."""
-    return jnp.where(xp["completion_mask"] > 0, jnp.abs(xp["sampler_logps"] - logps), 0).max()
-
-
-def completion_logps(policy: nnx.Module, xp: Batch, temperature: float) -> tuple[jax.Array, jax.Array]:
-    """(log-probs, entropies) [R, N] of the completions under the policy's training forward."""
-    seq = jnp.concatenate([xp["prompt_ids"], xp["completion"]], -1)
-    segments = jnp.concatenate([xp["prompt_mask"], jnp.ones_like(xp["completion"])], -1)
-    positions = jnp.maximum(jnp.cumsum(segments, -1) - 1, 0)
-    return policy(seq[:, :-1], positions[:, :-1], segments[:, :-1], targets=xp["completion"],
-                  temperature=temperature)
 
 
 class GRPO:
@@ -103,36 +90,15 @@ class GRPO:
 
     def score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rewards of the decoded completions (NaN: no reward)."""
-        ids, prompt_mask, completion, mask = jax.device_get(
-            (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]))
-        n, rows = completion.shape[:2]
-        group = rows // next(iter(host.values())).shape[1]
-        eos = self.tokenizer.eos_id
-        prompts = [self.tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * rows, -1),
-                                                                            prompt_mask.reshape(n * rows, -1))]
-        completions = [self.tokenizer.decode(c[(m > 0) & (c != eos)].tolist())
-                       for c, m in zip(completion.reshape(n * rows, -1), mask.reshape(n * rows, -1))]
-        columns = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
-        return self.rewards(prompts, completions, columns).reshape(n, rows, -1)
+        return score_on_host(self.tokenizer, self.rewards, xp, host)
 
     def scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
         """The shape of `score`'s result for experience of `xp`'s shapes."""
         return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(self.rewards.names)), jnp.float32)
 
-    def _reward_metrics(self, xp: Batch, scores: jax.Array) -> tuple[jax.Array, Metrics]:
-        """The weighted reward per completion (NaN: none) and the metrics both train and eval log."""
-        valid = ~jnp.all(jnp.isnan(scores), -1)
-        reward = jnp.where(valid, jnp.nansum(scores * jnp.asarray(self.rewards.weights), -1), jnp.nan)
-        metrics = {"reward": jnp.nanmean(reward), "reward/errors": jnp.isnan(scores).sum().astype(jnp.float32),
-                   "completions/mean_length": xp["completion_mask"].sum(-1).mean(),
-                   "completions/clipped_ratio": xp["truncated"].mean()}
-        for i, name in enumerate(self.rewards.names):
-            metrics[f"rewards/{name}/mean"] = jnp.nanmean(scores[..., i])
-        return reward, metrics
-
     def finalize(self, xp: Batch, scores: jax.Array, state: Any) -> tuple[Batch, Any, Metrics]:
         """Group-relative advantages and the round's reward metrics."""
-        reward, metrics = self._reward_metrics(xp, scores)
+        reward, metrics = rule_rewards(self.rewards, xp, scores)
         advantages, std = group_advantages(reward, self.group, self.scale)
         metrics.update({"reward_std": std.mean(), "frac_reward_zero_std": jnp.isclose(std, 0.0).mean()})
         if "old_logps" in xp:
@@ -166,7 +132,7 @@ class GRPO:
         return losses.sum(), mask.sum()  # dapo
 
     def evaluate(self, models: nnx.Module, xp: Batch, scores: jax.Array, frozen: Any, state: Any) -> Metrics:
-        return self._reward_metrics(xp, scores)[1]
+        return rule_rewards(self.rewards, xp, scores)[1]
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         if "completion" in batch:

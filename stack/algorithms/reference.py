@@ -4,11 +4,10 @@ view (LoRA: adapters off), the policy itself seen without its adapters: no secon
 
 from typing import Any, Callable
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from stack.errors import ConfigError
+from stack.models.modules import copy_module, is_abstract
 
 
 class Reference:
@@ -24,10 +23,8 @@ class Reference:
                                   "(quantization.method=lora): the reference is the base model with adapters off.")
             self._base_view = ctx.quant.base
             return {}
-        graphdef, state = nnx.split(policy)
-        reference = nnx.merge(graphdef, jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, state))
-        shape_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state))  # mode=compile
-        if self.init_from and not shape_only:
+        reference = copy_module(policy)
+        if self.init_from and not is_abstract(policy):  # mode=compile: shapes only
             from stack.checkpoint import load_params
 
             load_params(reference, self.init_from)

@@ -1,5 +1,7 @@
 """Shared math of the on-policy algorithms: KL estimators, masked statistics, group-relative
-advantages and the clipped surrogate, with the conventions of TRL's GRPOTrainer (1.x)."""
+advantages and the clipped surrogate, with the conventions of TRL's GRPOTrainer (1.x).
+PPO's GAE, whitening, clipped value loss and adaptive KL coefficient follow TRL's PPOTrainer
+and Ziegler et al. 2019."""
 
 import jax
 import jax.numpy as jnp
@@ -69,3 +71,65 @@ def clipped_surrogate(logp: Array, old_logp: Array, advantages: Array, eps_low: 
     low = (ratio < 1 - eps_low) & (advantages < 0)
     high = (ratio > 1 + eps_high) & (advantages > 0)
     return loss, {"low": low, "high": high, "region": low | high, "ratio": ratio}
+
+
+def masked_var(x: Array, mask: Array, unbiased: bool = True) -> Array:
+    """Variance of `x` over the entries where `mask` (TRL `trl.core.masked_var`).
+
+    The masked mean of the squared deviation from the masked mean, times mask_sum / (mask_sum − 1)
+    when `unbiased`; with at most one entry masked in the uncorrected variance is returned.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = mask.astype(x.dtype).sum()
+        var = var * jnp.where(n > 1, n / jnp.maximum(n - 1, 1.0), 1.0)
+    return var
+
+
+def masked_whiten(x: Array, mask: Array, shift_mean: bool = True, eps: float = 1e-8) -> Array:
+    """(x − mean) · rsqrt(var + eps), mean and unbiased var over the masked-in entries (TRL
+    `trl.core.masked_whiten`); the mean is added back unless `shift_mean`. Every position gets a
+    value: zeroing the masked-out ones is the caller's."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    whitened = (x - mean) * jax.lax.rsqrt(var + eps)
+    return whitened if shift_mean else whitened + mean
+
+
+def gae(rewards: Array, values: Array, mask: Array, gamma: float, lam: float) -> tuple[Array, Array]:
+    """(advantages, returns) by generalized advantage estimation over completion tokens [B, N]
+    (TRL PPOTrainer's reversed loop).
+
+    δ_t = r_t + γ V_{t+1} − V_t and A_t = δ_t + γλ A_{t+1}, with V after the last position 0 and
+    entries where `mask` is 0 counted as reward 0 and value 0; returns = A + V (V masked).
+    Advantages are 0 where `mask` is 0.
+    """
+    m = mask.astype(values.dtype)
+    r, v = rewards * m, values * m
+    next_v = jnp.concatenate([v[:, 1:], jnp.zeros_like(v[:, :1])], axis=1)
+    delta = r + gamma * next_v - v
+
+    def step(carry: Array, d: Array) -> tuple[Array, Array]:
+        a = d + gamma * lam * carry
+        return a, a
+
+    _, adv_t = jax.lax.scan(step, jnp.zeros_like(delta[:, 0]), delta.T, reverse=True)
+    advantages = adv_t.T * m
+    return advantages, advantages + v
+
+
+def clipped_value_loss(values: Array, old_values: Array, returns: Array, clip: float) -> tuple[Array, Array]:
+    """Per-token ½ max((v − R)², (clip(v, v_old − c, v_old + c) − R)²) and the indicator that the
+    clipped term is the larger, as float32 (TRL PPOTrainer's value loss and `vf_clipfrac`)."""
+    clipped = jnp.clip(values, old_values - clip, old_values + clip)
+    unclipped_loss = (values - returns) ** 2
+    clipped_loss = (clipped - returns) ** 2
+    return 0.5 * jnp.maximum(unclipped_loss, clipped_loss), (clipped_loss > unclipped_loss).astype(jnp.float32)
+
+
+def adaptive_kl_coef(coef: Array | float, current_kl: Array | float, target: float, horizon: float,
+                     n_steps: int) -> Array:
+    """The KL coefficient after `n_steps` samples (Ziegler et al. 2019; TRL AdaptiveKLController.update):
+    coef · (1 + e · n_steps / horizon), e = clip(current_kl / target − 1, −0.2, 0.2)."""
+    err = jnp.clip(jnp.asarray(current_kl) / target - 1, -0.2, 0.2)
+    return jnp.asarray(coef) * (1 + err * n_steps / horizon)

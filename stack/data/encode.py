@@ -67,7 +67,7 @@ class Encoder:
         if self.kind == "preference":
             chosen, rejected = records.preference_pieces(record, where, self.template)
             rows = [self._row(*self._tokens(p, where), pad=True) for p in (chosen, rejected)]
-            return {k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}
+            return {**{k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}, "margin": _margin(record, where)}
         if self.kind == "prompt":
             pieces, answer = records.prompt_pieces(record, where, self.template)
             return self._prompt_row(pieces, answer, where)
@@ -120,3 +120,11 @@ class Encoder:
             "prompt_mask": np.array([0] * pad + [1] * len(ids), np.int32),
             "answer": np.array(answer),
         }
+
+
+def _margin(record: dict[str, Any], where: str) -> np.ndarray:
+    """A preference pair's optional `margin` (TRL RewardTrainer's column; 0 when absent)."""
+    value = record.get("margin", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise DataError(f"{where}: 'margin' must be a finite number, got {value!r}.")
+    return np.asarray(value, np.float32)

@@ -4,7 +4,8 @@
 - `sft`        {"prompt": str, "completion": str} or {"messages": [{"role", "content"}, ...]}:
                loss only on the completion / assistant turns.
 - `preference` {"prompt", "chosen", "rejected"}: each a string, or the prompt a message list
-               and chosen / rejected assistant message lists (TRL's conversational format).
+               and chosen / rejected assistant message lists (TRL's conversational format);
+               an optional numeric `margin` (reward models: TRL RewardTrainer's column).
 - `prompt`     {"prompt": str | messages, "answer": str | number (optional)}: for PPO/GRPO;
                chat prompts end with an open assistant turn.
 

@@ -5,18 +5,16 @@ Every parameter carries logical-axis sharding metadata (`out_sharding`), names a
 `embed`, `layers/<i>/attn/{q,k,v,o}_proj`, `layers/<i>/mlp/{gate,up,down}_proj`,
 `layers/<i>/{attn,mlp}_norm`, `norm`, `lm_head` (absent when embeddings are tied).
 
-Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the keys and
-values of the new tokens into the cache's fixed slots and attends over every valid slot at or before
-each query's; it returns (logits, the updated cache). Without `cache` the call (the
-training graph) is unchanged. `init_cache` makes an empty cache.
+Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens'
+keys and values into the cache's fixed slots, attends over every valid slot up to each
+query's and returns (logits, the updated cache). `init_cache` makes an empty cache.
 
 Building: in flax 0.12 eager sharding is on by default, so `Llama(cfg, rngs=...)` and even
 `nnx.eval_shape(lambda: Llama(...))` raise "An auto mesh context ... is required" unless a
 mesh is active. Use `init_model(cfg, seed)` (one jitted init) and `abstract_model(cfg)`
 (`nnx.eval_shape`, no allocation): they shard eagerly when a mesh is set (`jax.set_mesh(mesh)`
-plus `nnx.logical_axis_rules(rules)` mapping the logical names to mesh axes) and otherwise
-build under `nnx.use_eager_sharding(False)`; the metadata is kept either way. A direct build
-works too: `with nnx.use_eager_sharding(False): Llama(cfg, rngs=nnx.Rngs(0))`.
+plus `nnx.logical_axis_rules(rules)`) and otherwise build under `nnx.use_eager_sharding(False)`
+(as a direct `Llama(cfg, rngs=...)` may); the metadata is kept either way.
 """
 
 from __future__ import annotations
@@ -171,21 +169,25 @@ class Llama(nnx.Module):
 
     def __call__(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
                  cache: Optional[KVCache] = None, targets: Optional[Array] = None, temperature: float = 1.0,
-                 chunk: int = 128) -> Any:
+                 chunk: int = 128, features: bool = False) -> Any:
         """Causal forward; with segment_ids a token sees only earlier-or-equal same-id tokens.
 
         With `cache`: (logits, updated cache); `segment_ids` > 0 marks this call's real tokens.
         With `targets` [B, N]: (log-probs [B, N], entropies [B, N]) of the targets under the
         distributions (logits / temperature) at the last N positions, computed `chunk`
         positions at a time (never a whole [B, N, vocab] array; recomputed in the backward).
-        Everything goes through `__call__`, the one method Qwix intercepts (LoRA, QAT).
+        `features`: the final-normed hidden states [B, T, d_model] instead of logits (what a
+        scalar head reads, as HF's LlamaForSequenceClassification); with `targets`, returned
+        third at those N positions. Everything goes through `__call__` (Qwix intercepts it).
         """
         if cache is not None:
             return self._cached(tokens, positions, segment_ids, cache)
         x = self.hidden(tokens, positions, segment_ids)
         if targets is None:
-            return self.head(x)
-        return self._score(x[:, x.shape[1] - targets.shape[1]:], targets, temperature, chunk)
+            return self.norm(x) if features else self.head(x)
+        x = x[:, x.shape[1] - targets.shape[1]:]
+        scored = self._score(x, targets, temperature, chunk)
+        return (*scored, self.norm(x)) if features else scored
 
     def _score(self, x: Array, targets: Array, temperature: float, chunk: int) -> tuple[Array, Array]:
         b, n = targets.shape
@@ -201,8 +203,7 @@ class Llama(nnx.Module):
             return chosen, -(jnp.exp(logp) * logp).sum(-1)
 
         logps, entropy = jax.lax.map(one, (xs, ts))
-        unchunk = lambda a: a.swapaxes(0, 1).reshape(b, -1)[:, :n]  # noqa: E731
-        return unchunk(logps), unchunk(entropy)
+        return tuple(a.swapaxes(0, 1).reshape(b, -1)[:, :n] for a in (logps, entropy))
 
     def hidden(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None) -> Array:
         """The final hidden states [B, T, d_model] (before the last norm): `head` turns them into logits."""

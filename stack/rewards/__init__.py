@@ -1,5 +1,5 @@
 """The `reward` group: rule functions by name (or a user's function by import path) run by a
-RewardRunner in worker processes with a timeout."""
+RewardRunner in worker processes with a timeout, or a trained reward model (`reward=model`)."""
 
 import functools
 from typing import Any, Callable
@@ -33,8 +33,13 @@ def resolve(name: str, allowed: tuple[str, ...]) -> Callable:
         raise ConfigError(f"'reward.functions' entry {name!r} cannot be used: {why}.") from None
 
 
-def make_rewards(cfg: Any, allowed: tuple[str, ...]) -> RewardRunner:
-    """The runner of the `reward` group's config `cfg`."""
+def make_rewards(cfg: Any, allowed: tuple[str, ...]) -> Any:
+    """The runner of the `reward` group's rule functions, or its reward model (`init_from`:
+    a stack.rewards.model.ModelReward, imported here: validation must not import jax)."""
+    if cfg.init_from is not None:
+        from stack.rewards.model import ModelReward
+
+        return ModelReward(cfg.init_from)
     options = {"format": {"pattern": cfg.format_pattern}, "length": {"max_length": cfg.max_length}}
     functions = [(name, functools.partial(resolve(name, allowed), **options.get(name, {}))) for name in cfg.functions]
     weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(functions)

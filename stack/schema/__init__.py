@@ -21,6 +21,7 @@ from stack.schema.model import ModelConfig, RopeScalingConfig
 from stack.schema.optimizer import OptimizerConfig
 from stack.schema.quantization import QuantizationConfig
 from stack.schema.reward import RewardConfig
+from stack.schema.rlhf import PPOConfig, RMConfig
 from stack.schema.root import Config, TrainerConfig
 
 GROUP_SCHEMAS = {
@@ -89,6 +90,8 @@ def register() -> None:
     cs.store(group="schema/algorithm", name="sft", node=SFTConfig)
     cs.store(group="schema/algorithm", name="dpo", node=DPOConfig)
     cs.store(group="schema/algorithm", name="grpo", node=GRPOConfig)
+    cs.store(group="schema/algorithm", name="rm", node=RMConfig)
+    cs.store(group="schema/algorithm", name="ppo", node=PPOConfig)
 
 
 register()
@@ -96,6 +99,7 @@ register()
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "Config", "DataConfig", "GROUPS", "GROUP_SCHEMAS",
     "HardwareConfig", "LoggerConfig", "MeshConfig", "ModelConfig", "OptimizerConfig",
-    "QuantizationConfig", "RewardConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "GRPOConfig", "TierConfig", "TrainerConfig", "register",
+    "QuantizationConfig", "RewardConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "GRPOConfig",
+    "PPOConfig", "RMConfig", "TierConfig", "TrainerConfig", "register",
     "mesh_axis_size", "recipe_files", "shipped_data", "topology_chips",
 ]

@@ -121,10 +121,18 @@ class GRPOConfig(AlgorithmConfig):
                               f"{node.epsilon_high} null or >= epsilon.")
         if node.beta < 0:
             raise ConfigError(f"'algorithm.beta'={node.beta} must be >= 0.")
-        steps = node.num_iterations * node.steps_per_generation
-        if cfg.trainer.steps % steps:
-            raise ConfigError(f"'trainer.steps'={cfg.trainer.steps} must be a multiple of num_iterations x "
-                              f"steps_per_generation = {steps} (checkpoints fall on generation rounds).")
-        if cfg.data.seq_len + node.max_new_tokens > cfg.model.max_seq_len:
-            raise ConfigError(f"'data.seq_len'={cfg.data.seq_len} (the prompt) + 'algorithm.max_new_tokens'="
-                              f"{node.max_new_tokens} exceeds 'model.max_seq_len'={cfg.model.max_seq_len}.")
+        if cfg.reward.init_from is not None:
+            raise ConfigError(f"'reward.init_from'={cfg.reward.init_from!r}: GRPO here scores with rule functions "
+                              "(reward=rules); a reward model scores PPO's completions (algorithm=ppo).")
+        check_rounds(node, cfg, node.num_iterations * node.steps_per_generation,
+                     "num_iterations x steps_per_generation")
+
+
+def check_rounds(node: Any, cfg: Any, steps: int, what: str) -> None:
+    """An on-policy run's shape: whole rounds of `steps` optimizer steps, prompt + completion in the model."""
+    if cfg.trainer.steps % steps:
+        raise ConfigError(f"'trainer.steps'={cfg.trainer.steps} must be a multiple of {what} = {steps} "
+                          "(checkpoints fall on rollout rounds).")
+    if cfg.data.seq_len + node.max_new_tokens > cfg.model.max_seq_len:
+        raise ConfigError(f"'data.seq_len'={cfg.data.seq_len} (the prompt) + 'algorithm.max_new_tokens'="
+                          f"{node.max_new_tokens} exceeds 'model.max_seq_len'={cfg.model.max_seq_len}.")

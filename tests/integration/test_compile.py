@@ -177,3 +177,15 @@ def test_grpo_round_compiles_for_cpu_and_counts_the_kv_cache(capsys):
     rows = m.data.batch_size * m.algorithm.num_generations
     cache = rows * 56 * m.model.n_layers * 2 * m.model.n_kv_heads * (m.model.d_model // m.model.n_heads) * 4
     assert (temp[64] - temp[8]) * GiB >= cache, (temp, cache)
+
+
+def test_ppo_with_a_separate_value_trunk_holds_two_trained_models(capsys):
+    """PPO's update holds the policy and the value trunk with their optimizer states: its
+    arguments are about twice a shared-trunk run's (where only the value head is added)."""
+    args = {}
+    for shared in ("false", "true"):
+        code, out = compile_cfg(["data=jsonl_prompts", "algorithm=ppo", "hardware=cpu", "mode=compile",
+                                 f"algorithm.shared_trunk={shared}"], capsys)
+        assert code == 0 and "fits:" in out and "per device (collect, once per round):" in out, out
+        args[shared] = gib(out, "per device (train step): arguments")
+    assert 1.6 < args["false"] / args["true"] < 2.1, args

@@ -2,10 +2,9 @@
 and prompt position restored, across an epoch boundary of the prompts), and the warm start."""
 
 import json
-import os
 
 from tests.conftest import read_metrics, run_cli
-from tests.integration.test_resume import start, wait_for_step
+from tests.integration.test_resume import kill_at_step_and_rerun
 
 PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23))]
 
@@ -33,14 +32,7 @@ def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path):
     assert epochs[1] < 1 < epochs[2]  # 20 prompts, 8 per round: the 3rd round crosses into epoch 2
 
     run_dir = tmp_path / "run"
-    proc = start(args(tmp_path, run_dir), str(tmp_path))
-    wait_for_step(run_dir, 5, proc)
-    proc.kill()
-    proc.wait()
-    saved = sorted(int(s) for s in os.listdir(run_dir / "checkpoints") if s.isdigit())
-    assert saved and saved[-1] < 10
-    res = run_cli(args(tmp_path, run_dir), cwd=str(tmp_path))
-    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
+    kill_at_step_and_rerun(args(tmp_path, run_dir), run_dir, 5, str(tmp_path), last=10)
     assert rewards(run_dir) == want  # exactly, step by step
 
 

@@ -38,6 +38,19 @@ def wait_for_step(run_dir, step: int, proc: subprocess.Popen, timeout: float = 1
     raise TimeoutError(f"step {step} not reached")
 
 
+def kill_at_step_and_rerun(args, run_dir, step: int, cwd, last: int) -> None:
+    """Start `python -m stack ARGS`, kill -9 it once `step` is logged, check a checkpoint before
+    `last` was kept, and rerun the same command to the end: it must resume."""
+    proc = start(args, cwd)
+    wait_for_step(run_dir, step, proc)
+    proc.kill()
+    proc.wait()
+    saved = sorted(int(s) for s in os.listdir(os.path.join(run_dir, "checkpoints")) if s.isdigit())
+    assert saved and saved[-1] < last
+    res = run_cli(args, cwd=cwd)
+    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run's per-step losses."""

@@ -18,3 +18,29 @@ def test_grpo_recipe_teaches_the_held_out_sums(tmp_path):
     assert evals[0]["eval/rewards/accuracy/mean"] < 0.05 and evals[-1]["eval/rewards/accuracy/mean"] >= 0.10
     train = [r for r in read_metrics(tmp_path) if "train/reward" in r]
     assert len(train) == 30 and all("train/kl" not in r for r in train)  # beta = 0: no reference
+
+
+@pytest.mark.slow
+def test_ppo_recipe_teaches_the_held_out_sums_with_a_bounded_kl(tmp_path):
+    """`python -m stack +recipe=llama_ppo` alone (the same SFT warm start as GRPO): eval accuracy on
+    the 256 held-out prompts from < 0.05 to >= 0.12 and eval/reward up by >= 0.15; the sequence KL
+    to the reference stays below 2 nats."""
+    res = run_cli(["+recipe=llama_ppo", f"run_dir={tmp_path}"], cwd=str(tmp_path), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    evals = [r for r in read_metrics(tmp_path) if "eval/reward" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 400
+    assert evals[-1]["eval/reward"] - evals[0]["eval/reward"] >= 0.15
+    assert evals[0]["eval/rewards/accuracy/mean"] < 0.05 and evals[-1]["eval/rewards/accuracy/mean"] >= 0.12
+    train = [r for r in read_metrics(tmp_path) if "train/objective/kl" in r]
+    assert max(r["train/objective/kl"] for r in train) < 2.0
+
+
+@pytest.mark.slow
+def test_rm_recipe_ranks_held_out_pairs(tmp_path):
+    """`python -m stack +recipe=llama_rm` alone (copy-SFT warm start, then 400 steps): eval/accuracy
+    on 192 held-out pairs from ~0.5 to >= 0.72 (0.76 recorded)."""
+    res = run_cli(["+recipe=llama_rm", f"run_dir={tmp_path}"], cwd=str(tmp_path), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    evals = [r for r in read_metrics(tmp_path) if "eval/accuracy" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 400
+    assert evals[0]["eval/accuracy"] < 0.6 and evals[-1]["eval/accuracy"] >= 0.72

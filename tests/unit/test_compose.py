@@ -28,10 +28,12 @@ def test_all_ten_groups_have_options():
 
 
 # options with a key the user must set (the error names it)
-REQUIRED = {("checkpoint", "persistent"): "checkpoint.path", ("checkpoint", "multi_tier"): "checkpoint.persistent.path"}
+REQUIRED = {("checkpoint", "persistent"): "checkpoint.path", ("checkpoint", "multi_tier"): "checkpoint.persistent.path",
+            ("reward", "model"): "reward.init_from"}
 # options that need a partner from another group (the error without it names the mismatch)
 PARTNER = {("algorithm", "dpo"): "data=jsonl_prefs", ("data", "jsonl_prefs"): "algorithm=dpo",
-           ("algorithm", "grpo"): "data=jsonl_prompts", ("data", "jsonl_prompts"): "algorithm=grpo"}
+           ("algorithm", "grpo"): "data=jsonl_prompts", ("data", "jsonl_prompts"): "algorithm=grpo",
+           ("algorithm", "rm"): "data=jsonl_prefs", ("algorithm", "ppo"): "data=jsonl_prompts"}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)

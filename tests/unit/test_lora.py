@@ -130,3 +130,20 @@ def test_bad_lora_configs_fail_with_the_key():
         lora_model(["quantization=qlora_nf4"])
     with pytest.raises(ConfigError, match=r"matches no layer.*layers/0/attn/q_proj"):
         lora_model(["quantization=lora", "quantization.rules.0.module_path=.*qproj"])
+
+
+def test_ppo_with_lora_trains_only_the_adapters_and_the_value_head():
+    """The value head sits on the policy's trunk, the reference is the base with adapters off (no
+    copy), and the trained params are the adapters plus the head (stack.step's filter)."""
+    from stack.algorithms.ppo import PPO
+    from stack.data.tokenizers import ByteTokenizer
+    from stack.step import Models, trained_filter
+
+    cfg, model = lora_model(LORA + ["algorithm=ppo", "data=jsonl_prompts"])
+    quant = make_quantization(cfg.quantization, 0)
+    setup = PPO().setup(model, Context(quant, ByteTokenizer(), None))
+    assert setup.frozen == {} and setup.trained["value"].trunk is None
+    _, params, _ = nnx.split(Models(policy=model, **setup.trained), trained_filter(quant.trainable), ...)
+    paths = ["/".join(map(str, p)) for p, _ in nnx.to_flat_state(params)]
+    assert "value/head/kernel" in paths and len(paths) == 1 + len(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)))
+    assert all(p == "value/head/kernel" or "lora" in p for p in paths), paths

@@ -1,0 +1,66 @@
+"""What the on-policy algorithms (GRPO, PPO) share: the training forward over sampled
+completions, the host scoring of decoded completions, and the reward metrics."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from stack.algorithms.base import Batch, Metrics
+
+
+def sequences(xp: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(tokens, segments, positions) [R, P+N] of the left-padded prompts and their completions;
+    segments mark the prompt's real tokens and every completion slot."""
+    seq = jnp.concatenate([xp["prompt_ids"], xp["completion"]], -1)
+    segments = jnp.concatenate([xp["prompt_mask"], jnp.ones_like(xp["completion"])], -1)
+    return seq, segments, jnp.maximum(jnp.cumsum(segments, -1) - 1, 0)
+
+
+def completion_logps(model: nnx.Module, xp: Batch, temperature: float, features: bool = False) -> tuple:
+    """(log-probs, entropies) [R, N] of the completions under `model`'s training forward (and
+    with `features` the final hidden states [R, N, d] that predict them: the state before each token)."""
+    seq, segments, positions = sequences(xp)
+    extra = {"features": True} if features else {}
+    return model(seq[:, :-1], positions[:, :-1], segments[:, :-1], targets=xp["completion"],
+                 temperature=temperature, **extra)
+
+
+def mismatch(xp: Batch, logps: jax.Array) -> jax.Array:
+    """The largest |sampler log p − training log p| over the completion tokens."""
+    return jnp.where(xp["completion_mask"] > 0, jnp.abs(xp["sampler_logps"] - logps), 0).max()
+
+
+def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
+    """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward); the host
+    columns (e.g. `answer`) are repeated for the completions of each prompt."""
+    ids, prompt_mask, completion, mask = jax.device_get(
+        (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]))
+    n, rows = completion.shape[:2]
+    group = rows // next(iter(host.values())).shape[1]
+    eos = tokenizer.eos_id
+    prompts = [tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * rows, -1),
+                                                                   prompt_mask.reshape(n * rows, -1))]
+    completions = [tokenizer.decode(c[(m > 0) & (c != eos)].tolist())
+                   for c, m in zip(completion.reshape(n * rows, -1), mask.reshape(n * rows, -1))]
+    columns = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
+    return rewards(prompts, completions, columns).reshape(n, rows, -1)
+
+
+def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array, Metrics]:
+    """The weighted reward per completion (TRL's nansum over functions; NaN when none scored)
+    and the metrics train and eval log."""
+    valid = ~jnp.all(jnp.isnan(scores), -1)
+    reward = jnp.where(valid, jnp.nansum(scores * jnp.asarray(rewards.weights), -1), jnp.nan)
+    metrics = {"reward": jnp.nanmean(reward), "reward/errors": jnp.isnan(scores).sum().astype(jnp.float32),
+               **completion_metrics(xp)}
+    for i, name in enumerate(rewards.names):
+        metrics[f"rewards/{name}/mean"] = jnp.nanmean(scores[..., i])
+    return reward, metrics
+
+
+def completion_metrics(xp: Batch) -> Metrics:
+    return {"completions/mean_length": xp["completion_mask"].sum(-1).mean(),
+            "completions/clipped_ratio": xp["truncated"].mean()}

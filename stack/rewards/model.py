@@ -1,0 +1,90 @@
+"""`reward=model`: a trained reward model (a run of `algorithm=rm`) scoring completions on device.
+
+The `reward` group builds `ModelReward(init_from)`; PPO loads it (`load`) as a frozen module
+next to its reference, and reads the score at each completion's last token. The reward model
+must share the policy's tokenizer (as in TRL's PPOTrainer). On the host,
+`score_texts(checkpoints, prompts, completions)` scores text encoded as the RM's pipeline
+encodes a preference pair's side (BOS, the prompt and completion pieces of its chat template, EOS):
+
+    from stack.rewards.model import score_texts
+    score_texts("runs/rm/checkpoints", ["copy abc="], ["abc"])   # -> array([2.7], dtype=float32)
+"""
+
+import os
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from omegaconf import DictConfig, OmegaConf
+
+from stack.algorithms.rm import pair_rows
+from stack.errors import ConfigError
+from stack.models.heads import ScalarHead, at_last
+
+
+class RewardScorer(nnx.Module):
+    """A Llama trunk and the scalar head of a reward model: tokens -> a score per row."""
+
+    def __init__(self, trunk: nnx.Module, head: ScalarHead):
+        self.trunk, self.head = trunk, head
+
+    def __call__(self, tokens: jax.Array, segments: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+        """Scores [B] of rows [B, T] at each row's last real token (`segments` > 0)."""
+        return at_last(self.head(self.trunk(tokens, positions, segments, features=True)), segments)
+
+
+@dataclass(frozen=True)
+class ModelReward:
+    """The reward model of a checkpoints dir written by an `algorithm=rm` run."""
+
+    init_from: str
+
+    def run_config(self) -> DictConfig:
+        """The resolved config of the run that wrote the checkpoints (its `config.yaml`)."""
+        path = os.path.join(os.path.dirname(os.path.abspath(self.init_from.rstrip("/"))), "config.yaml")
+        if not os.path.isfile(path):
+            raise ConfigError(f"'reward.init_from'={self.init_from!r}: no run config.yaml beside it (expected the "
+                              "checkpoints dir of a `python -m stack algorithm=rm ...` run, e.g. RUN/checkpoints).")
+        cfg = OmegaConf.load(path)
+        if cfg.algorithm.name != "rm":
+            raise ConfigError(f"'reward.init_from'={self.init_from!r} was written by algorithm="
+                              f"{cfg.algorithm.name!r}, not a reward model (algorithm=rm).")
+        return cfg
+
+    def load(self, abstract: bool = False) -> RewardScorer:
+        """The reward model with its trained params (shape-only when `abstract`: mode=compile)."""
+        from stack.checkpoint import assign_params, read_params
+        from stack.models.llama import abstract_model, init_model
+
+        model_cfg = self.run_config().model
+        with nnx.use_eager_sharding(False):
+            head = ScalarHead(model_cfg.d_model)
+        if abstract:
+            return RewardScorer(abstract_model(model_cfg), nnx.eval_shape(lambda: head))
+        trunk = init_model(model_cfg, 0)
+        tree, step = read_params(self.init_from)
+        if "score" not in tree:
+            raise ConfigError(f"'reward.init_from'={self.init_from!r} (step {step}) holds no `score` head.")
+        assign_params(trunk, tree["policy"], f"{self.init_from}/{step}")
+        assign_params(head, tree["score"], f"{self.init_from}/{step}")
+        return RewardScorer(trunk, head)
+
+
+def score_texts(checkpoints: str, prompts: list[str], completions: list[str]) -> np.ndarray:
+    """The reward model's float32 score of each (prompt, completion), as its data encoded pairs."""
+    from stack.data.encode import Encoder
+    from stack.data.tokenizers import make_tokenizer
+
+    reward = ModelReward(checkpoints)
+    cfg = reward.run_config()
+    scorer = reward.load()
+    tokenizer = make_tokenizer(cfg.data.tokenizer)
+    encoder = Encoder("preference", tokenizer, cfg.data.chat_template, cfg.model.max_seq_len - 1, "keep_end")
+    rows = [encoder.encode({"prompt": p, "chosen": c, "rejected": c}, f"text {i}")
+            for i, (p, c) in enumerate(zip(prompts, completions))]
+    width = 2 + max(int(r["segment_ids"][0].sum()) for r in rows)  # the longest sequence, padded
+    tokens, segments = pair_rows({k: jnp.asarray(np.stack([r[k] for r in rows])[..., :width - 1])
+                                  for k in ("inputs", "targets", "segment_ids")})
+    return np.asarray(nnx.jit(lambda m, t, s: m(t, s))(scorer, tokens[0::2], segments[0::2]))
