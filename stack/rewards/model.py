@@ -53,6 +53,9 @@ class ModelReward:
                               f"{cfg.algorithm.name!r}, not a reward model (algorithm=rm).")
         return cfg
 
+    def close(self) -> None:
+        """Nothing to stop (the reward model lives in the run's frozen modules)."""
+
     def load(self, abstract: bool = False) -> RewardScorer:
         """The reward model with its trained params (shape-only when `abstract`: mode=compile)."""
         from stack.checkpoint import assign_params, read_params

@@ -91,6 +91,10 @@ def test_reward_model_scores_ppo_completions_as_it_scores_text(tmp_path, capsys)
     prompts = [tok.decode(p[m > 0][1:].tolist()) for p, m in zip(ids, pmask)]  # without BOS
     np.testing.assert_allclose(np.asarray(got), score_texts(rm, prompts, texts), atol=1e-5)
     exported_head_scores_like_generate(rm, tmp_path / "hf", capsys)
+    ppo = tmp_path / "ppo_run"  # and a whole run scored by it, through the CLI
+    res = run_cli(args(tmp_path, ppo, "reward=model", f"reward.init_from={rm}", "trainer.steps=2"), cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(ppo) if "train/objective/scores" in r] == [1, 2]
 
 
 def exported_head_scores_like_generate(rm: str, out, capsys) -> None:

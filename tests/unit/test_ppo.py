@@ -210,3 +210,13 @@ def test_grpo_refuses_a_reward_model():
 
     with pytest.raises(ConfigError, match="GRPO here scores with rule functions"):
         validate(make_cfg(["algorithm=grpo", "data=jsonl_prompts", "reward=model", "reward.init_from=/x"]))
+
+
+def test_the_recipe_takes_a_reward_model_in_place_of_its_rules():
+    """The issue's command: the recipe's rules (reward=arithmetic) give way to reward=model."""
+    from stack.validate import validate
+    from tests.conftest import make_cfg
+
+    cfg = make_cfg(["+recipe=llama_ppo", "reward=model", "reward.init_from=/runs/rm/checkpoints"])
+    validate(cfg)
+    assert cfg.reward.functions == [] and cfg.reward.init_from == "/runs/rm/checkpoints"
