@@ -102,7 +102,7 @@ class PPO:
         if isinstance(ctx.rewards, ModelReward):
             frozen["reward_model"] = ctx.rewards.load(abstract=is_abstract(policy))
             self.score = self.scores_spec = None
-        return Setup(trained={"value": critic}, frozen=frozen, state={"kl_coef": jnp.float32(self.kl_coef)})
+        return Setup(trained={"value": critic}, frozen=frozen, state={"kl_coef": np.float32(self.kl_coef)})
 
     def values(self, models: nnx.Module, xp: Batch, features: jax.Array | None) -> jax.Array:
         """V [R, N]: the value of the state before each completion token."""

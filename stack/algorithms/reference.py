@@ -32,4 +32,4 @@ class Reference:
 
     def model(self, models: Any, frozen: Any) -> nnx.Module:
         """The reference model inside a jitted function: the frozen copy, or the base view."""
-        return frozen.reference if frozen is not None else self._base_view(models.policy)
+        return self._base_view(models.policy) if self._base_view is not None else frozen.reference

@@ -63,9 +63,9 @@ class ModelReward:
 
         model_cfg = self.run_config().model
         with nnx.use_eager_sharding(False):
+            if abstract:  # no concrete array: the mesh may be a compile-only TPU topology
+                return RewardScorer(abstract_model(model_cfg), nnx.eval_shape(lambda: ScalarHead(model_cfg.d_model)))
             head = ScalarHead(model_cfg.d_model)
-        if abstract:
-            return RewardScorer(abstract_model(model_cfg), nnx.eval_shape(lambda: head))
         trunk = init_model(model_cfg, 0)
         tree, step = read_params(self.init_from)
         if "score" not in tree:

@@ -147,3 +147,12 @@ def test_ppo_with_lora_trains_only_the_adapters_and_the_value_head():
     paths = ["/".join(map(str, p)) for p, _ in nnx.to_flat_state(params)]
     assert "value/head/kernel" in paths and len(paths) == 1 + len(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)))
     assert all(p == "value/head/kernel" or "lora" in p for p in paths), paths
+    random_adapters(model)  # the reference is the adapters-off view even beside other frozen modules (a reward model)
+    from types import SimpleNamespace
+
+    from stack.algorithms.reference import Reference
+
+    reference = Reference()
+    reference.setup(model, Context(quant))
+    view = reference.model(SimpleNamespace(policy=model), SimpleNamespace(reward_model=None))
+    assert all(float(jnp.abs(v.get_value()).max()) == 0.0 for _, v in nnx.to_flat_state(nnx.state(view, nnx.LoRAParam)))
