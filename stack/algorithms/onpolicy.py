@@ -28,6 +28,13 @@ def completion_logps(model: nnx.Module, xp: Batch, temperature: float, features:
                  temperature=temperature, **extra)
 
 
+def completion_features(model: nnx.Module, xp: Batch) -> jax.Array:
+    """The final hidden states [R, N, d] of `model` that predict each completion token (no LM head)."""
+    seq, segments, positions = sequences(xp)
+    n = xp["completion"].shape[-1]
+    return model(seq[:, :-1], positions[:, :-1], segments[:, :-1], features=True)[:, -n:]
+
+
 def mismatch(xp: Batch, logps: jax.Array) -> jax.Array:
     """The largest |sampler log p − training log p| over the completion tokens."""
     return jnp.where(xp["completion_mask"] > 0, jnp.abs(xp["sampler_logps"] - logps), 0).max()

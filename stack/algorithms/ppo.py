@@ -40,7 +40,8 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.onpolicy import completion_logps, completion_metrics, rule_rewards, score_on_host, sequences
+from stack.algorithms.onpolicy import (completion_features, completion_logps, completion_metrics, rule_rewards,
+                                      score_on_host, sequences)
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import (adaptive_kl_coef, clipped_surrogate, clipped_value_loss, gae, kl_estimate,
                                      masked_mean, masked_whiten)
@@ -108,7 +109,7 @@ class PPO:
         """V [R, N]: the value of the state before each completion token."""
         critic = models.value
         if critic.trunk is not None:
-            features = completion_logps(critic.trunk, xp, self.temperature, features=True)[2]
+            features = completion_features(critic.trunk, xp)
         return critic.head(features)
 
     def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
