@@ -48,6 +48,10 @@ def _override_sets(overrides: list[str]) -> list[list[str]]:
             fixed.append(o.input_line)
             continue
         values = [o.input_line.split("=", 1)[1]] if not o.is_sweep_override() else None
+        if values == [""]:
+            raise ConfigError(f"The override {short(o.input_line)!r} gives '{o.key_or_group}' no value: give one "
+                              f"({o.key_or_group}=VALUE), write {o.key_or_group}='' for an empty string, or "
+                              f"drop the key with ~{o.key_or_group}.")
         if values is None:
             try:
                 values = list(o.sweep_string_iterator())

@@ -108,3 +108,9 @@ def test_the_last_of_a_key_given_twice_wins():
     assert preflight(["model.d_model=two", "model.d_model=64"]).model.d_model == 64
     assert preflight(["model=llama3_8b", "+recipe=llama_sft", "model=llama_tiny"]).model.name == "llama_tiny"
     assert last_wins(["-m", "a=1", "+b=2", "~c", "a=3", "--cfg", "job"]) == ["-m", "+b=2", "~c", "a=3", "--cfg", "job"]
+
+
+def test_an_empty_value_is_refused_before_it_reaches_a_function():
+    msg = error_of(["optimizer.schedule.end_ratio="])  # was a TypeError deep inside the schedule
+    assert "'optimizer.schedule.end_ratio' no value" in msg and "optimizer.schedule.end_ratio=''" in msg
+    assert preflight(["logger.project=''"]).logger.project == ""  # an empty string on purpose
