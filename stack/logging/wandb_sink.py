@@ -63,17 +63,18 @@ class WandbSink:
             if cfg.mode != "online":
                 raise
             reason = (str(exc).strip().splitlines() or [""])[0]
-            warnings.warn(
-                f"wandb online init failed ({type(exc).__name__}: {reason}); "
-                f"falling back to offline run {init_kwargs['id']}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
             # The failed online stream keeps holding the run id in the wandb-core service
             # and an offline init with that id would hang: restart the service (this also
             # finishes any other wandb run still active in this process).
             wandb.teardown()
             self._run = wandb.init(mode="offline", **init_kwargs)
+            warnings.warn(
+                f"wandb online init failed within logger.init_timeout={cfg.init_timeout}s ({type(exc).__name__}: "
+                f"{reason}); falling back to offline run {init_kwargs['id']}: upload it later with "
+                f"`wandb sync {os.path.dirname(self._run.settings.sync_file)}`",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.run_id: str = self._run.id
         self.run_dir: str | None = None if self._run.disabled else os.path.dirname(self._run.settings.sync_file)
 

@@ -13,5 +13,5 @@ class LoggerConfig:
     project: str = "stack"
     entity: Optional[str] = None
     mode: str = "offline"  # offline | online | disabled
-    init_timeout: float = 30.0  # seconds before online init gives up and falls back to offline
+    init_timeout: float = 5.0  # seconds before online init gives up and falls back to offline
     tags: List[str] = field(default_factory=list)
