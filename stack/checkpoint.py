@@ -176,7 +176,8 @@ class Checkpointer:
             except ConfigError:
                 raise
             except Exception as exc:  # a truncated or deleted file: try the previous step
-                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                reason = reason.split(" See full TensorStore details")[0][:300]  # the rest is a repr
                 warnings.warn(f"checkpoint step {step} in {path} cannot be restored ({reason}); "
                               "trying the previous one", RuntimeWarning, stacklevel=2)
                 errors.append(f"step {step} in {path}: {reason}")
@@ -186,7 +187,8 @@ class Checkpointer:
         if errors:
             raise ConfigError(
                 f"Checkpoints exist but none can be restored ({'; '.join(errors)}). Not restarting from "
-                "scratch: delete the broken steps or set checkpoint.resume=never with a new run dir."
+                "scratch: delete the broken steps (or the whole checkpoints dir to start over), or set "
+                "checkpoint.resume=never with a new run dir."
             )
         return None
 

@@ -29,8 +29,13 @@ def writing(tier: Any, step: int | None) -> Iterator[None]:
 def aborted_write(unraisable: Any) -> None:
     """sys.unraisablehook: when a save fails, TensorStore completes its other in-flight writes into
     Orbax's closed event loop, one 'Event loop is closed' traceback each (hundreds, while the
-    loop goes on): those alone are dropped; the failure itself is reported by `writing`."""
-    if not (isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value)):
+    loop goes on); when a step cannot be read, each of Orbax's other array reads dies at exit
+    with a TensorStore spec as its message (a 60-line traceback each). Those alone are dropped:
+    `writing` reports the failed save, `Checkpointer.restore` each unreadable step."""
+    closed = isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value)
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine that was never awaited to the end
+    orbax_read = code is not None and "/orbax/" in code.co_filename
+    if not (closed or orbax_read):
         sys.__unraisablehook__(unraisable)
 
 
