@@ -22,6 +22,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
+from stack.rundir import creatable
 from stack.validate import validate
 
 CONFIG_MODULE = "stack.conf"
@@ -42,6 +43,9 @@ def _override_sets(overrides: list[str]) -> list[list[str]]:
     fixed: list[str] = []
     sweeps: list[tuple[int, str, list[str]]] = []
     for o in _parsed(overrides):
+        value = o.input_line.split("=", 1)[1] if "=" in o.input_line else ""
+        if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value and "," not in value:
+            creatable(value, o.key_or_group)  # Hydra makes it before any code of ours runs
         if o.key_or_group.startswith("hydra"):
             continue
         if o.is_delete():  # ~key: no value to check

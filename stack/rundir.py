@@ -21,8 +21,8 @@ LOCK = ".lock"
 @contextmanager
 def owned(run_dir: str) -> Iterator[None]:
     """Hold `run_dir` for this process; a ConfigError at once if another live run holds it."""
-    os.makedirs(run_dir, exist_ok=True)
-    fd = os.open(os.path.join(run_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    creatable(run_dir, "run_dir")
+    fd, held = os.open(os.path.join(run_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644), False
     try:
         previous = os.read(fd, 512).decode(errors="replace").strip()
         try:
@@ -31,11 +31,22 @@ def owned(run_dir: str) -> Iterator[None]:
             raise ConfigError(
                 f"run_dir {run_dir!r} is in use by {previous or 'another process'}: a run dir has one "
                 "owner. Wait for that run to end (or stop it), or give this one another run_dir=PATH.") from None
+        held = True
         if previous:
             print(f"run_dir lock: {previous} did not exit cleanly; taking the run dir over", flush=True)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {time.ctime()}".encode(), 0)
         yield
-        os.ftruncate(fd, 0)  # a clean exit leaves an empty file
     finally:
+        if held:  # any exit Python sees (an error too) leaves an empty file; kill -9 leaves the pid
+            os.ftruncate(fd, 0)
         os.close(fd)  # releases the lock
+
+
+def creatable(path: str, key: str) -> None:
+    """Make the directory `path` (and its parents) or raise a ConfigError naming `key` and why not."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"'{key}'={path!r} cannot be created ({exc.strerror or exc}): point it at a directory "
+                          "you can write, e.g. under your home or the current directory.") from None

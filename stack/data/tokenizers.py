@@ -3,7 +3,7 @@
 import os
 from typing import Any, Protocol
 
-from stack.errors import ConfigError
+from stack.errors import ConfigError, short
 
 
 class Tokenizer(Protocol):
@@ -114,4 +114,12 @@ def make_tokenizer(spec: str) -> Tokenizer:
             "Hugging Face tokenizer.json, or of a SentencePiece .model file (a directory holding "
             "tokenizer.json or tokenizer.model works too; nothing is downloaded)."
         )
-    return SentencePieceTokenizer(path) if path.endswith(".model") else HFTokenizer(path)
+    kind = "a SentencePiece .model" if path.endswith(".model") else "a Hugging Face tokenizer.json"
+    try:
+        return SentencePieceTokenizer(path) if path.endswith(".model") else HFTokenizer(path)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the tokenizers / sentencepiece libraries raise plain Exceptions
+        why = short((str(exc).strip().splitlines() or [type(exc).__name__])[0], 200)
+        raise ConfigError(f"'data.tokenizer'={spec!r}: {path} cannot be read as {kind} ({why}). The file is "
+                          "corrupt or of another kind: re-export it, or use 'byte' (built in).") from None

@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, NamedSharding, SingleDeviceSharding
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from stack.errors import ConfigError, bad_choice
@@ -183,13 +183,17 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
         raise ConfigError(f"cannot read the Hugging Face config.json in {root!r}: {e}") from None
     check_config(hf, cfg)
     params = _params(model)
-    for file, names in _check_tensors(root, cfg, params, _tensor_files(root)).items():
-        with safe_open(file, framework="numpy") as f:  # bf16 comes as ml_dtypes.bfloat16
-            for name in names:
-                var, transpose = params[name]
-                old, arr = var.get_value(), f.get_tensor(name)
-                arr = (arr.T if transpose else arr).astype(old.dtype)
-                var.set_value(jax.make_array_from_callback(arr.shape, _sharding(old), lambda i: arr[i]))
+    try:
+        for file, names in _check_tensors(root, cfg, params, _tensor_files(root)).items():
+            with safe_open(file, framework="numpy") as f:  # bf16 comes as ml_dtypes.bfloat16
+                for name in names:
+                    var, transpose = params[name]
+                    old, arr = var.get_value(), f.get_tensor(name)
+                    arr = (arr.T if transpose else arr).astype(old.dtype)
+                    var.set_value(jax.make_array_from_callback(arr.shape, _sharding(old), lambda i: arr[i]))
+    except SafetensorError as e:
+        raise ConfigError(f"the safetensors weights in {root!r} cannot be read ({e}): the files are corrupt or "
+                          "truncated; re-download or re-export them.") from None
 
 
 def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,

@@ -1,5 +1,6 @@
 """Bad input through the real CLI: one paragraph on stderr, exit code 2, no run dir, no traceback."""
 
+import json
 import os
 import subprocess
 import sys
@@ -46,3 +47,31 @@ def test_cfg_job_prints_config_without_importing_jax():
                          capture_output=True, text=True, check=True, cwd=REPO).stdout
     cfg = OmegaConf.create(out)
     assert cfg.data.name == "jsonl_sft" and cfg.model.d_model == 64
+
+
+def bad_inputs(tmp_path) -> dict[str, tuple[list[str], str]]:
+    """A corrupt tokenizer.json, corrupt safetensors for model.init_from, uncreatable run dirs."""
+    tok = tmp_path / "tok" / "tokenizer.json"
+    tok.parent.mkdir()
+    tok.write_text('{"model": {"type": "BPE", "vocab": {')  # cut off
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 384, "hidden_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176,
+           "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False}
+    (hf / "config.json").write_text(json.dumps(cfg))
+    (hf / "model.safetensors").write_bytes(os.urandom(300))
+    return {"tokenizer": ([f"data.tokenizer={tok}"], f"{tok} cannot be read as a Hugging Face tokenizer.json"),
+            "safetensors": ([f"model.init_from=hf:{hf}"], f"the safetensors weights in '{hf}' cannot be read"),
+            "hydra.run.dir": (["hydra.run.dir=/proc/nope/run"], "'hydra.run.dir'='/proc/nope/run' cannot be created"),
+            "run_dir": (["run_dir=/proc/nope/run"], "'run_dir'='/proc/nope/run' cannot be created")}
+
+
+def test_corrupt_files_and_uncreatable_dirs_are_one_paragraph(tmp_path):
+    for name, (args, message) in bad_inputs(tmp_path).items():
+        run_dir = [] if "dir" in name else [f"run_dir={tmp_path}/run_{name}"]
+        res = run_cli(args + run_dir + ["trainer.steps=1"], cwd=str(tmp_path))
+        assert res.returncode == 2 and message in res.stderr, (name, res.stderr[-2000:])
+        assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, (name, res.stderr)
+        if run_dir:  # an error exit leaves the run dir's lock clean: no "did not exit cleanly" next time
+            assert "did not exit cleanly" not in run_cli(args + run_dir, cwd=str(tmp_path)).stdout
