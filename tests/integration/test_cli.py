@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import re
 
 import pytest
@@ -171,3 +172,19 @@ def test_dpo_recipe_learns_the_held_out_preferences(tmp_path):
     assert evals[0]["eval/rewards/margins"] == 0.0  # the reference is the initial policy
     assert evals[-1]["step"] == 400 and evals[-1]["eval/rewards/accuracies"] > 0.9
     assert evals[-1]["eval/rewards/margins"] > 0.3
+
+
+def test_ctrl_c_stops_the_sweep_and_no_later_job_starts(tmp_path):
+    """SIGINT during job 0 of a 3-job sweep: it saves, the process exits 130 with one line, and
+    jobs 1 and 2 never start (issue 15, item 5)."""
+    from tests.integration.test_resume import start, wait_for_step
+
+    sweep = tmp_path / "sweep"
+    proc = start(["-m", "seed=0,1,2", "trainer.steps=200", "checkpoint=local", f"hydra.sweep.dir={sweep}"] + SMALL
+                 + ["trainer.log_every=1", "trainer.eval_every=0"], str(tmp_path))
+    wait_for_step(sweep / "0", 2, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted (Ctrl-C)", err[-2000:]
+    assert not (sweep / "1").exists() and not (sweep / "2").exists()
+    assert any(s.isdigit() for s in os.listdir(sweep / "0" / "checkpoints"))  # job 0 saved before stopping
