@@ -14,11 +14,6 @@ from stack.algorithms.rm import RewardModel, bradley_terry, pair_rows, sequence_
 from stack.models.heads import ScalarHead
 from tests.conftest import models
 
-transformers = pytest.importorskip("transformers", reason="the RM head is checked against transformers")
-torch = pytest.importorskip("torch", reason="the RM head is checked against transformers (torch CPU)")
-
-from tests.unit.test_hf import hf_model, our_cfg, randomized  # noqa: E402
-
 
 def test_bradley_terry_by_hand():
     c, r = jnp.asarray([1.0, 0.0]), jnp.asarray([0.0, 2.0])
@@ -56,12 +51,16 @@ def test_loss_and_metrics_of_two_pairs():
 
 
 def test_score_is_read_at_the_last_real_token_as_transformers_does():
+    transformers = pytest.importorskip("transformers", reason="the RM head is checked against transformers")
+    torch = pytest.importorskip("torch", reason="the RM head is checked against transformers (torch CPU)")
+    import tempfile
+
+    from stack.models.hf import load_hf_weights
+    from tests.unit.test_hf import hf_model, our_cfg, randomized
+
     hf = hf_model()
     cfg = our_cfg()
     trunk = randomized(cfg)  # then the HF trunk's weights, loaded through our importer below
-    from stack.models.hf import load_hf_weights
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
