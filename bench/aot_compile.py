@@ -21,7 +21,8 @@ GiB = 1024**3
 def main(overrides: list[str]) -> None:
     t0 = time.perf_counter()
     from stack.build import build
-    from stack.compile import abstract_run, bytes_per_device, lower_and_compile, target_devices
+    from stack.compile import abstract_run, lower_and_compile, target_device
+    from stack.parallel import bytes_per_device
 
     with initialize_config_module("stack.conf", version_base=None):
         cfg = compose("config", overrides=DEFAULT + overrides)

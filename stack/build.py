@@ -24,7 +24,7 @@ from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.hf import load_hf_weights
 from stack.models.llama import abstract_model, init_model
 from stack.parallel import check_layout, logical_rules, make_mesh
-from stack.quant import Lora, NoQuantization, make_quantization
+from stack.quant.providers import Lora, NoQuantization, Qat, make_quantization
 from stack.rewards import RewardRunner, make_rewards
 from stack.rewards.model import ModelReward
 from stack.targets import check_targets
@@ -40,7 +40,7 @@ class Experiment:
     mesh: jax.sharding.Mesh
     rules: tuple[tuple[str, Any], ...]
     model: nnx.Module  # the policy, as built (quantization applied); its arrays seed the TrainState
-    quant: NoQuantization | Lora  # the quantization provider (stack.quant)
+    quant: NoQuantization | Qat | Lora  # the quantization provider (stack.quant.providers)
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     algorithm: Algorithm

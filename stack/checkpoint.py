@@ -18,7 +18,7 @@ import shutil
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stack.checkpoint_errors import aborted_write, writing
 from stack.errors import ConfigError
+from stack.quant.config import has_adapters
 
 # Config keys whose change would make a resumed run compute something else; the rest
 # (trainer.steps, logging, eval, checkpoint cadence, mesh, data loading threads) may change.
@@ -234,9 +235,16 @@ def check_format(meta: dict[str, Any], where: str) -> None:
             "still loads its params), or finish that run with the stack version that wrote it.")
 
 
-def read_params(path: str, step: int | None = None) -> tuple[dict[str, Any], int]:
-    """The saved params of a checkpoints dir (newest step, or `step`) as host arrays: in
-    format 2 {"policy": ..., <extra trained module>: ...}; and the step read."""
+class Saved(NamedTuple):
+    """The params of one checkpoint step, as host arrays."""
+
+    tree: dict[str, Any]  # {"policy": ..., <extra trained module>: ...}
+    step: int
+    adapters_only: bool  # a LoRA/QLoRA run: "policy" holds the adapters, not the base weights
+
+
+def read_params(path: str, step: int | None = None) -> Saved:
+    """The saved params of a checkpoints dir (newest step, or `step`)."""
     if not os.path.isdir(path) and "://" not in path:
         raise ConfigError(f"{path!r}: no such checkpoints dir (expected a run's checkpoints/ folder).")
     manager = ocp.CheckpointManager(os.path.abspath(path) if "://" not in path else path)
@@ -245,28 +253,30 @@ def read_params(path: str, step: int | None = None) -> tuple[dict[str, Any], int
         raise ConfigError(f"{path!r} holds no complete checkpoint step.")
     r = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     manager.close()
-    method = (r.meta.get("config", {}).get("quantization") or {}).get("method", "none")
-    if method != "none":
-        raise ConfigError(f"Checkpoint {path}/{step} was trained with quantization.method={method!r}: it holds "
-                          "the adapters only, not a full model (merging adapters into the base is not built).")
     saved = r.state["params"]
-    return (saved if r.meta.get("format", 1) >= 2 else {"policy": saved}), step
+    adapters = has_adapters(OmegaConf.create(r.meta.get("config", {}).get("quantization") or {"method": "none"}))
+    return Saved(saved if r.meta.get("format", 1) >= 2 else {"policy": saved}, step, adapters)
 
 
 def load_params(model: Any, path: str, step: int | None = None) -> int:
     """Overwrite `model`'s params with the policy's of a checkpoints dir (newest step, or
-    `step`); returns the step read."""
-    tree, step = read_params(path, step)
+    `step`); returns the step read. An adapters-only (LoRA) checkpoint is refused: merge it first."""
+    tree, step, adapters_only = read_params(path, step)
+    if adapters_only:
+        raise ConfigError(f"Checkpoint {path}/{step} was trained with LoRA/QLoRA: it holds the adapters only, not "
+                          f"a full model. Merge them into the base first: `python -m stack.hf export {path} --out DIR "
+                          "--merge-adapters`, then use hf:DIR (e.g. model.init_from=hf:DIR).")
     assign_params(model, tree["policy"], f"{path}/{step}")
     return step
 
 
-def assign_params(model: Any, saved: dict[str, Any], where: str) -> None:
-    """Overwrite `model`'s params with the arrays of the nested dict `saved` (read without a
-    target: any mesh wrote them), each laid out like the model's own param."""
+def assign_params(model: Any, saved: dict[str, Any], where: str, which: Any = None) -> None:
+    """Overwrite `model`'s params (or the variables of the nnx filter `which`) with the arrays of
+    the nested dict `saved` (read without a target: any mesh wrote them), each laid out like
+    the model's own."""
     from flax import nnx
 
-    for keys, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for keys, var in nnx.to_flat_state(nnx.state(model, which or nnx.Param)):
         node = saved
         for k in map(str, keys):
             if not isinstance(node, dict) or k not in node:

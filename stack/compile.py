@@ -25,7 +25,8 @@ from flax import nnx
 from stack.build import Experiment, build
 from stack.errors import ConfigError
 from stack.hardware import check_platform, train_flops_per_token
-from stack.parallel import batch_sharding
+from stack.parallel import batch_sharding, bytes_per_device
+from stack.quant.footprint import footprint
 from stack.step import Programs, TrainState, abstract_frozen, initial_state, make_programs, split_models
 
 GiB = 1024**3
@@ -91,11 +92,6 @@ def target_devices(hw: Any) -> list[jax.Device]:
         raise ConfigError(f"hardware.topology={hw.topology!r} has {len(topo.devices)} chips but "
                           f"hardware.chips={hw.chips}; make them agree.")
     return list(topo.devices)
-
-
-def bytes_per_device(tree: Any) -> int:
-    """Bytes of the largest shard of every ShapeDtypeStruct leaf of `tree`, summed."""
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 @dataclass(frozen=True)
@@ -236,6 +232,9 @@ def compile_for_target(cfg: Any) -> int:
     print(f"per device: train state (params, optimizer, rest of the model) {_size(state)} | "
           f"frozen modules {_size(frozen)}")
     print(f"  by module: {_by_module(r)}")
+    saved = footprint(exp, r.state)
+    if saved:
+        print(f"  {saved}")
     if hbm and state + frozen > hbm:  # no need to spend minutes compiling
         return _does_not_fit(state + frozen, hbm, " (train state and frozen modules alone; not compiled)")
     try:

@@ -39,12 +39,9 @@ def load(path: str):
     if not os.path.isdir(path) or not os.path.isfile(config):
         raise ConfigError(f"{path!r} is neither a Hugging Face Llama dir (with config.json) nor a stack run's "
                           "checkpoints dir (with the run's config.yaml beside it).")
-    from stack.checkpoint import load_params
-    from stack.models.llama import init_model
+    from stack.policy import load_policy
 
-    run = OmegaConf.load(config)
-    model = init_model(run.model, 0)
-    load_params(model, path)
+    model, run, _ = load_policy(path)  # a LoRA run's adapters merged into its base
     return model, make_tokenizer(run.data.tokenizer), run.model.max_seq_len
 
 

@@ -4,14 +4,13 @@ local tokenizer) that `transformers.LlamaForCausalLM.from_pretrained(DIR)` loads
 A reward model's head is written beside it as `score_head.safetensors`, a PPO value model's
 head as `value_head.safetensors`: one tensor `score.weight` [1, d_model] each, the layout of
 `LlamaForSequenceClassification.score` (a PPO value model's own trunk is not exported).
-Importing is `model.init_from=hf:DIR` on any run.
+A LoRA/QLoRA run is exported with `--merge-adapters` (base + (alpha / rank) A B; a QLoRA base
+dequantized). Importing is `model.init_from=hf:DIR` on any run.
 """
 
 import argparse
 import os
 import sys
-
-from omegaconf import OmegaConf
 
 from stack.errors import ConfigError
 
@@ -20,23 +19,24 @@ HEADS = {"score": (("kernel",), "score_head.safetensors"),  # a reward model (al
          "value": (("head", "kernel"), "value_head.safetensors")}  # PPO's value model
 
 
-def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "float32") -> int:
+def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "float32",
+           merge_adapters: bool = False) -> int:
     """Write the policy of `checkpoints` (newest step, or `step`) to `out`, and the scalar heads
-    saved beside it (HEADS); return the step."""
-    from stack.checkpoint import assign_params, read_params
+    saved beside it (HEADS); return the step. A LoRA/QLoRA run needs `merge_adapters`: its
+    checkpoint holds adapters only, exported as W + (alpha / rank) A B (stack.quant.merge)."""
+    from stack.checkpoint import read_params
     from stack.models.hf import export_hf
-    from stack.models.llama import init_model
+    from stack.policy import load_policy
 
-    run_dir = os.path.dirname(os.path.abspath(checkpoints.rstrip("/")))
-    cfg = OmegaConf.load(os.path.join(run_dir, "config.yaml"))  # the resolved config of the run
-    model = init_model(cfg.model, 0)
-    tree, step = read_params(checkpoints, step)
-    assign_params(model, tree["policy"], f"{checkpoints}/{step}")
+    if not merge_adapters and read_params(checkpoints, step).adapters_only:
+        raise ConfigError(f"{checkpoints!r} holds LoRA/QLoRA adapters only, not a full model: pass --merge-adapters "
+                          "to export the base with the adapters merged in (W + alpha/rank * A B).")
+    model, cfg, saved = load_policy(checkpoints, step)
     tokenizer = cfg.data.tokenizer
     tokenizer_dir = None if tokenizer == "byte" else tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
     export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype)
-    _export_heads(tree, out, dtype)
-    return step
+    _export_heads(saved.tree, out, dtype)
+    return saved.step
 
 
 def _export_heads(tree: dict, out: str, dtype: str) -> None:
@@ -64,9 +64,11 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--out", required=True)
     ex.add_argument("--step", type=int, default=None, help="default: the newest complete step")
     ex.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ex.add_argument("--merge-adapters", action="store_true",
+                    help="a LoRA/QLoRA run: write the base weights with the adapters merged in")
     args = parser.parse_args(argv)
     try:
-        step = export(args.checkpoints, args.out, args.step, args.dtype)
+        step = export(args.checkpoints, args.out, args.step, args.dtype, args.merge_adapters)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

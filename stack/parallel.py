@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -140,3 +141,14 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mes
 def shardings_of(tree: Any) -> Any:
     """The sharding of every array leaf of `tree` (to pin a jitted step's in/out layout)."""
     return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def bits(dtype: Any) -> int:
+    """Bits per element (int4 / nf4 codes: 4, stored packed, where numpy's itemsize says 1)."""
+    kind = jnp.iinfo if jnp.issubdtype(dtype, jnp.integer) else jnp.finfo
+    return kind(dtype).bits
+
+
+def bytes_per_device(tree: Any) -> float:
+    """Bytes of the largest shard of every ShapeDtypeStruct leaf of `tree`, summed."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * bits(x.dtype) / 8 for x in jax.tree.leaves(tree))

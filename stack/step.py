@@ -33,6 +33,7 @@ from stack.parallel import layout_on, opt_state_shardings
 
 LOSS, COLLECT, EVAL = 1, 2, 3  # purposes of the run's key (fold_in), then per step
 SAVED = ("params", "opt_state", "algo", "step", "key")  # what a checkpoint holds (not `rest`)
+BATCH_COUNTS = ("loss_tokens", "packing_efficiency")  # eval metrics of the batch, not the model
 
 
 @jax.tree_util.register_dataclass
@@ -199,7 +200,15 @@ def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
         return new, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def evaluate(state: TrainState, frozen: Any, xp: Batch, scores: Any) -> Metrics:
-        return alg.evaluate(models(state), xp, scores, frozen_of(frozen), state.algo)
+        m, f = models(state), frozen_of(frozen)
+        metrics = alg.evaluate(m, xp, scores, f, state.algo)
+        # fake-quantized (QAT): the float model's metrics too, as float/*; offline algorithms only
+        # (finalize None): GRPO/PPO's eval completions were sampled by the fake-quantized policy
+        if exp.quant.unquantized is not None and alg.finalize is None:
+            m.policy = exp.quant.unquantized(m.policy)
+            metrics |= {f"float/{k}": v for k, v in alg.evaluate(m, xp, scores, f, state.algo).items()
+                        if k not in BATCH_COUNTS}
+        return metrics
 
     replicated = NamedSharding(exp.mesh, PartitionSpec())
     # keep_unused: every input stays a program argument, so XLA's memory analysis of each

@@ -6,6 +6,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from stack.errors import ConfigError, bad_choice, unknown_key
+from stack.quant.config import check_config, check_training
 from stack.rewards import check_name
 from stack.schema import GROUPS
 from stack.targets import check_targets
@@ -20,7 +21,6 @@ CHOICES = {
     "trainer.nan_policy": ("stop", "ignore"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
-    "quantization.method": ("none", "lora"),
     "checkpoint.name": ("none", "local", "persistent", "multi_tier"),
     "hardware.platform": ("cpu", "gpu", "tpu"),
 }
@@ -58,7 +58,8 @@ def validate(cfg: DictConfig) -> None:
         )
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
-    _check_quantization(cfg.quantization)
+    check_config(cfg.quantization)
+    check_training(cfg.quantization)
     _check_algorithm(cfg)
     _check_reward(cfg)
     check_targets(cfg, tuple(cfg.allow_targets), objects=False)  # build() judges the objects
@@ -118,32 +119,6 @@ def _check_data(d: DictConfig) -> None:
     for key in ("workers", "read_threads", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"'data.{key}'={d[key]} must be >= 0.")
-
-
-QTYPES = ("nf4", "int8", "int4")
-
-
-def _check_quantization(q: DictConfig) -> None:
-    if q.method == "none":
-        if q.rules:
-            raise ConfigError("'quantization.rules' is set but quantization.method=none; pick quantization=lora "
-                              "or qlora_nf4 (or set method=lora).")
-        return
-    if not q.rules:
-        raise ConfigError(f"'quantization.rules' is empty for quantization.method={q.method!r}: list at least one "
-                          "rule (module_path regex, rank, alpha).")
-    for i, r in enumerate(q.rules):
-        if r.rank < 1:
-            raise ConfigError(f"'quantization.rules.{i}.rank'={r.rank} must be a positive integer.")
-        if not r.alpha > 0:
-            raise ConfigError(f"'quantization.rules.{i}.alpha'={r.alpha} must be > 0.")
-        if r.weight_qtype is not None and r.weight_qtype not in QTYPES:
-            raise bad_choice(f"quantization.rules.{i}.weight_qtype", r.weight_qtype, ("null", *QTYPES))
-        if r.weight_qtype in ("nf4", "int4") and not r.tile_size:
-            raise ConfigError(f"'quantization.rules.{i}.tile_size' is required for weight_qtype={r.weight_qtype!r} "
-                              "(4-bit weights are scaled per tile of the contraction dim, e.g. 64).")
-        if r.tile_size is not None and r.tile_size < 1:
-            raise ConfigError(f"'quantization.rules.{i}.tile_size'={r.tile_size} must be a positive integer.")
 
 
 def _check_checkpoint(c: DictConfig) -> None:

@@ -19,8 +19,8 @@ class Reference:
         """The frozen modules to hold: {"reference": copy} or none (the base view serves)."""
         if ctx.quant.base is not None:
             if self.init_from:
-                raise ConfigError("'algorithm.reference.init_from' cannot be combined with LoRA "
-                                  "(quantization.method=lora): the reference is the base model with adapters off.")
+                raise ConfigError("'algorithm.reference.init_from' cannot be combined with adapters "
+                                  "(LoRA/QLoRA): the reference is the base model with adapters off.")
             self._base_view = ctx.quant.base
             return {}
         reference = copy_module(policy)

@@ -58,20 +58,19 @@ class ModelReward:
 
     def load(self, abstract: bool = False) -> RewardScorer:
         """The reward model with its trained params (shape-only when `abstract`: mode=compile)."""
-        from stack.checkpoint import assign_params, read_params
-        from stack.models.llama import abstract_model, init_model
+        from stack.checkpoint import assign_params
+        from stack.models.llama import abstract_model
+        from stack.policy import load_policy
 
         model_cfg = self.run_config().model
         with nnx.use_eager_sharding(False):
             if abstract:  # no concrete array: the mesh may be a compile-only TPU topology
                 return RewardScorer(abstract_model(model_cfg), nnx.eval_shape(lambda: ScalarHead(model_cfg.d_model)))
             head = ScalarHead(model_cfg.d_model)
-        trunk = init_model(model_cfg, 0)
-        tree, step = read_params(self.init_from)
-        if "score" not in tree:
-            raise ConfigError(f"'reward.init_from'={self.init_from!r} (step {step}) holds no `score` head.")
-        assign_params(trunk, tree["policy"], f"{self.init_from}/{step}")
-        assign_params(head, tree["score"], f"{self.init_from}/{step}")
+        trunk, _, saved = load_policy(self.init_from)  # a LoRA-trained RM: adapters merged into the trunk
+        if "score" not in saved.tree:
+            raise ConfigError(f"'reward.init_from'={self.init_from!r} (step {saved.step}) holds no `score` head.")
+        assign_params(head, saved.tree["score"], f"{self.init_from}/{saved.step}")
         return RewardScorer(trunk, head)
 
 

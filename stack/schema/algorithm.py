@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from stack.errors import ConfigError, bad_choice
+from stack.quant.config import has_adapters
 
 
 @dataclass
@@ -67,11 +68,11 @@ class DPOConfig(AlgorithmConfig):
         if node.label_smoothing and node.loss_type not in ("sigmoid", "robust"):
             raise ConfigError(f"'algorithm.label_smoothing' applies to loss_type sigmoid or robust, "
                               f"not {node.loss_type!r}.")
-        if node.reference.init_from and cfg.quantization.method == "lora":
+        if node.reference.init_from and has_adapters(cfg.quantization):
             raise ConfigError(
                 f"'algorithm.reference.init_from'={node.reference.init_from!r} cannot be combined with "
-                "quantization.method=lora: with LoRA the reference is the base model with its adapters off. "
-                "Drop one of the two.")
+                f"quantization={cfg.quantization.name}: with adapters the reference is the base model with "
+                "its adapters off. Drop one of the two.")
 
 
 @dataclass

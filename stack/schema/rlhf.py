@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from stack.errors import ConfigError, bad_choice
+from stack.quant.config import has_adapters
 from stack.schema.algorithm import AlgorithmConfig, ReferenceConfig, check_rounds
 
 
@@ -67,6 +68,6 @@ class PPOConfig(AlgorithmConfig):
         if node.kl_coef < 0 or node.vf_coef < 0:
             raise ConfigError(f"'algorithm.kl_coef'={node.kl_coef} and 'algorithm.vf_coef'={node.vf_coef} must be >= 0.")
         check_rounds(node, cfg, node.num_ppo_epochs * node.num_mini_batches, "num_ppo_epochs x num_mini_batches")
-        if node.shared_trunk is False and cfg.quantization.method == "lora":
-            raise ConfigError("'algorithm.shared_trunk'=false with quantization.method=lora would train a full "
-                              "value trunk beside the adapters; use shared_trunk=true (or null) with LoRA.")
+        if node.shared_trunk is False and has_adapters(cfg.quantization):
+            raise ConfigError(f"'algorithm.shared_trunk'=false with quantization={cfg.quantization.name} would "
+                              "train a full value trunk beside the adapters; use shared_trunk=true (or null) with LoRA.")

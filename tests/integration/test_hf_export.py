@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch", reason="the reference needs torch (pip inst
 transformers = pytest.importorskip("transformers", reason="the reference needs transformers (the hf extra)")
 
 from stack.checkpoint import load_params  # noqa: E402
+from stack.errors import ConfigError  # noqa: E402
 from stack.models.llama import init_model  # noqa: E402
 from tests.conftest import make_cfg, run_cli  # noqa: E402
 
@@ -78,3 +79,41 @@ def test_generate_explains_a_bad_path_and_an_impossible_length(tmp_path):
     assert run_cli(RUN + ["trainer.steps=1", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path)).returncode == 0
     res = generate_cli(a / "checkpoints", "--prompt", "x", "--max-new-tokens", "5000")
     assert res.returncode == 2 and "max_seq_len=2048" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
+    """`--merge-adapters` writes W + (alpha/rank) B A into the safetensors: transformers' logits
+    equal the stack model with its adapters (base rebuilt from the run's seed, adapters loaded)."""
+    from flax import nnx
+
+    from stack.checkpoint import assign_params, read_params
+    from stack.quant.providers import make_quantization
+
+    lora = ["quantization=lora", "quantization.rules.0.rank=4", "optimizer.lr=1e-2"]
+    a, out = tmp_path / "a", tmp_path / "hf"
+    res = run_cli(RUN + lora + ["trainer.steps=4", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    export = [sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out)]
+    refused = subprocess.run(export, capture_output=True, text=True)
+    assert refused.returncode == 2 and "pass --merge-adapters" in refused.stderr
+    assert subprocess.run(export + ["--merge-adapters"], capture_output=True).returncode == 0
+
+    cfg = make_cfg(RUN + lora)
+    quant = make_quantization(cfg.quantization, cfg.seed)
+    adapted = quant.apply(init_model(cfg.model, cfg.seed))
+    saved = read_params(str(a / "checkpoints"))
+    assert saved.adapters_only and saved.step == 4
+    assign_params(adapted, saved.tree["policy"], "test", which=nnx.LoRAParam)
+    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=(2, 24))
+    ours = np.asarray(adapted(tokens))
+    theirs = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = theirs(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(ours, want, atol=1e-4)
+    base = np.asarray(init_model(cfg.model, cfg.seed)(tokens))
+    assert np.abs(base - want).max() > 1e-3  # the adapters moved: the merge is not a no-op
+    with pytest.raises(ConfigError, match="adapters only.*--merge-adapters"):
+        load_params(init_model(cfg.model, 0), str(a / "checkpoints"))  # e.g. model.init_from=<a LoRA run>
+    prompt = ["--prompt", "12+7=", "--greedy", "--max-new-tokens", "4"]
+    merged_here = generate_cli(a / "checkpoints", *prompt)  # stack.generate merges the adapters itself
+    assert merged_here.returncode == 0 and merged_here.stdout == generate_cli(out, *prompt).stdout

@@ -10,7 +10,7 @@ import pytest
 from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
 from stack.models.llama import init_model
-from stack.quant import NoQuantization
+from stack.quant.providers import NoQuantization
 from tests.conftest import FixedLogits, loss_of, make_cfg, models
 
 

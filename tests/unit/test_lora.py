@@ -11,7 +11,7 @@ from stack.algorithms.dpo import DPO, sequence_logps
 from stack.build import build
 from stack.errors import ConfigError
 from stack.models.llama import init_model
-from stack.quant import make_quantization
+from stack.quant.providers import make_quantization
 from stack.trainer import Trainer
 from stack.validate import validate
 from tests.conftest import QUICK, loss_of, make_cfg, models
@@ -122,14 +122,9 @@ def test_bad_lora_configs_fail_with_the_key():
         validate(make_cfg(["quantization=lora", "+quantization.rules.0.weight_qtype=nf8"]))
     with pytest.raises(ConfigError, match=r"rules.0.rank'=0"):
         validate(make_cfg(["quantization=lora", "quantization.rules.0.rank=0"]))
-    with pytest.raises(ConfigError, match=r"reference.init_from.*quantization.method=lora"):
+    with pytest.raises(ConfigError, match=r"reference.init_from.*quantization=lora"):
         validate(make_cfg(["algorithm=dpo", "data=jsonl_prefs", "quantization=lora",
                            "algorithm.reference.init_from=/tmp/x"]))
-    cfg = make_cfg(["quantization=qlora_nf4"])  # tile 64 does not divide llama_tiny's d_ff=176
-    with pytest.raises(ConfigError, match=r"tile_size'=\[64\] does not divide"):
-        lora_model(["quantization=qlora_nf4"])
-    with pytest.raises(ConfigError, match=r"matches no layer.*layers/0/attn/q_proj"):
-        lora_model(["quantization=lora", "quantization.rules.0.module_path=.*qproj"])
 
 
 def test_ppo_with_lora_trains_only_the_adapters_and_the_value_head():

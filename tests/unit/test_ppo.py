@@ -15,7 +15,7 @@ from stack.algorithms.ppo import PPO, rewards_per_token
 from stack.data.tokenizers import ByteTokenizer
 from stack.models.heads import Critic, ScalarHead
 from stack.models.llama import init_model
-from stack.quant import NoQuantization
+from stack.quant.providers import NoQuantization
 from stack.schema.model import ModelConfig
 from stack.step import Models
 
@@ -179,7 +179,7 @@ def test_tokens_after_eos_change_nothing(setup_run):
     (["reward=model"], r"'reward.init_from' is required: reward=model scores with a reward model"),
     (["reward=model", "reward.init_from=/x", "reward.functions=[accuracy]"], r"both set"),
     (["algorithm.kl_estimator=k2"], r"algorithm.kl_estimator.*k1.*k3"),
-    (["algorithm.shared_trunk=false", "quantization=lora"], r"shared_trunk'=false with quantization.method=lora"),
+    (["algorithm.shared_trunk=false", "quantization=lora"], r"shared_trunk'=false with quantization=lora"),
     (["trainer.steps=10"], r"multiple of num_ppo_epochs x num_mini_batches = 4"),
     (["algorithm.lam=1.5"], r"'algorithm.lam'=1.5 must be in \[0, 1\]"),
 ])

@@ -1,0 +1,74 @@
+"""QAT and QLoRA vs full fine-tuning on the medium model: step time (same process, alternating
+trials, the trainer fed one fixed batch) and host memory (one child process per variant, 10
+steps, no CPU peak probe: the bytes of the live jax arrays at the end, i.e. the train state and
+batches, and the process's peak `ru_maxrss`), as ratios to full fine-tuning.
+
+    python bench/quant_step.py
+    python bench/quant_step.py --trials 5
+"""
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+from dataclasses import replace
+
+from step_overhead import SIZES, Fixed, experiment, ours
+
+VARIANTS = {
+    "full": [],
+    "int8_qat": ["quantization=int8_qat"],
+    "int4_qat": ["quantization=int4_qat"],
+    "lora": ["quantization=lora"],
+    "qlora_nf4": ["quantization=qlora_nf4"],
+}
+
+
+def step_seconds(name: str) -> float:
+    exp = experiment(SIZES["medium"] + VARIANTS[name])
+    return ours(replace(exp, train_batches=Fixed(exp.eval_batches[0])))
+
+
+def memory_mib(name: str) -> tuple[float, float]:
+    """(live jax array MiB, peak resident MiB) of a child process that trains the variant."""
+    out = subprocess.run([sys.executable, __file__, "--child", name], capture_output=True, text=True, check=True)
+    live, peak = out.stdout.strip().splitlines()[-1].split()
+    return float(live), float(peak)
+
+
+def child(name: str) -> None:
+    """Train the variant for 10 steps and print its live array and peak resident MiB."""
+    import jax
+
+    from stack.trainer import Trainer
+
+    exp = experiment(SIZES["medium"] + VARIANTS[name] + ["hardware.peak_flops_per_chip=1e12"])  # no CPU probe
+    trainer = Trainer(replace(exp, train_batches=Fixed(exp.eval_batches[0])))
+    trainer.run()
+    live = sum(a.nbytes for a in jax.live_arrays()) / 2**20
+    print(live, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    times = {name: [] for name in VARIANTS}
+    for _ in range(args.trials):
+        for name in VARIANTS:
+            times[name].append(step_seconds(name))
+    memory = {name: memory_mib(name) for name in VARIANTS}
+    (full_live, full_peak), full_t = memory["full"], min(times["full"])
+    for name in VARIANTS:
+        t, (live, peak) = times[name], memory[name]
+        print(f"{name:10s} step min {min(t) * 1e3:7.1f} ms (median {statistics.median(t) * 1e3:7.1f}) ratio "
+              f"{min(t) / full_t:.3f} | live arrays {live:6.0f} MiB ratio {live / full_live:.3f} | "
+              f"peak resident {peak:6.0f} MiB ratio {peak / full_peak:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""A stack run's trained policy, read back from its checkpoints dir as a plain float Llama
+(for export, generation, post-training quantization).
+
+The run's `config.yaml` beside the checkpoints dir gives the model shape and the
+quantization. A full checkpoint's policy params are loaded as saved (QAT's are the float
+weights); an adapters-only (LoRA/QLoRA) checkpoint gets its base rebuilt as the run built it
+(`seed` / `model.init_from`), its adapters loaded, and `finalize` merges them into the base.
+"""
+
+import os
+from typing import Any
+
+from flax import nnx
+from omegaconf import DictConfig, OmegaConf
+
+from stack.errors import ConfigError
+
+
+def run_config(checkpoints: str, key: str = "path") -> DictConfig:
+    """The resolved config of the run that wrote `checkpoints` (its `config.yaml`)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(checkpoints.rstrip("/"))), "config.yaml")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{key} {checkpoints!r}: no run config.yaml beside it (expected a stack run's "
+                          "checkpoints dir, RUN/checkpoints, with RUN/config.yaml).")
+    return OmegaConf.load(path)
+
+
+def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, DictConfig, Any]:
+    """(the policy as a plain float Llama, the run's config, the `Saved` step read)."""
+    from stack.build import initial_model
+    from stack.checkpoint import assign_params, read_params
+    from stack.models.llama import init_model
+    from stack.quant.providers import make_quantization
+
+    cfg = run_config(checkpoints)
+    saved = read_params(checkpoints, step)
+    where = f"{checkpoints}/{saved.step}"
+    model = init_model(cfg.model, 0)
+    quant = make_quantization(cfg.quantization, cfg.seed)
+    if not saved.adapters_only:
+        assign_params(model, saved.tree["policy"], where)
+        return model, cfg, saved
+    adapted = quant.apply(initial_model(cfg))  # the base as the run built it, adapters added
+    assign_params(adapted, saved.tree["policy"], where, which=quant.trainable)
+    assign_params(model, quant.finalize(adapted), where)
+    return model, cfg, saved
