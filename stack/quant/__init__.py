@@ -1,6 +1,6 @@
-"""Quantization: the `quantization` group's Qwix rules as one provider object (QAT, PTQ, LoRA,
-QLoRA, none) that the rest of the code asks; nothing outside `stack/quant*` tests a method's
+"""Quantization: the `quantization` group's Qwix rules as one provider object (QAT, LoRA, QLoRA,
+none) that the rest of the code asks; nothing outside `stack/quant*` tests a method's
 name. `config` checks the group's config (no jax), `rules` checks rules against a model and
 builds Qwix rules, `providers` holds the provider classes, `merge` folds LoRA adapters into
-their base weights for export, `ptq` is post-training quantization (`python -m stack.quantize`).
+their base weights for export, `footprint` is what `mode=compile` reports the quantization saves.
 """

@@ -15,7 +15,6 @@ pass (straight-through gradients); the params stay float and train as usual.
 to the matched projections (step 0 equals the base model); a rule's `weight_qtype` stores the
 frozen base quantized (QLoRA). Only the adapters train; the base is rebuilt from `seed` /
 `model.init_from` on every start and never checkpointed.
-PTQ is not a training provider: see stack.quant.ptq.
 """
 
 from dataclasses import dataclass

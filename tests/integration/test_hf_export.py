@@ -87,16 +87,19 @@ def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
     from flax import nnx
 
     from stack.checkpoint import assign_params, read_params
+    from stack.hf import export
+    from stack.policy import load_policy
     from stack.quant.providers import make_quantization
 
     lora = ["quantization=lora", "quantization.rules.0.rank=4", "optimizer.lr=1e-2"]
     a, out = tmp_path / "a", tmp_path / "hf"
     res = run_cli(RUN + lora + ["trainer.steps=4", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
-    export = [sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out)]
-    refused = subprocess.run(export, capture_output=True, text=True)
-    assert refused.returncode == 2 and "pass --merge-adapters" in refused.stderr
-    assert subprocess.run(export + ["--merge-adapters"], capture_output=True).returncode == 0
+    with pytest.raises(ConfigError, match="adapters only.*pass --merge-adapters"):
+        export(str(a / "checkpoints"), str(out))
+    merged = subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out),
+                             "--merge-adapters"], capture_output=True, text=True)
+    assert merged.returncode == 0, merged.stderr[-2000:]
 
     cfg = make_cfg(RUN + lora)
     quant = make_quantization(cfg.quantization, cfg.seed)
@@ -114,6 +117,5 @@ def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
     assert np.abs(base - want).max() > 1e-3  # the adapters moved: the merge is not a no-op
     with pytest.raises(ConfigError, match="adapters only.*--merge-adapters"):
         load_params(init_model(cfg.model, 0), str(a / "checkpoints"))  # e.g. model.init_from=<a LoRA run>
-    prompt = ["--prompt", "12+7=", "--greedy", "--max-new-tokens", "4"]
-    merged_here = generate_cli(a / "checkpoints", *prompt)  # stack.generate merges the adapters itself
-    assert merged_here.returncode == 0 and merged_here.stdout == generate_cli(out, *prompt).stdout
+    policy, _, _ = load_policy(str(a / "checkpoints"))  # what stack.generate samples from: merged here
+    np.testing.assert_allclose(np.asarray(policy(tokens)), want, atol=1e-4)
