@@ -2,10 +2,11 @@
 
 Every provider has:
 - `apply(model, abstract)`: the model with the rules applied (rules checked first, stack.quant.rules);
-- `trainable`: an nnx filter of the policy's variables that train;
+- `trainable`: an nnx filter of the policy's variables that train, which is what a checkpoint
+  saves of the policy (LoRA: the adapters only; `stack.quant.config.has_adapters` says so from
+  the config alone);
 - `base`: the model with adapters off (the reference of a LoRA run), or None;
 - `unquantized`: the float view of a fake-quantized model (QAT's float eval), or None;
-- `full_checkpoint`: whether a checkpoint holds the whole model (False: adapters only);
 - `finalize(model)`: the params of the plain float model to export (a nested dict: adapters
   merged, fake quantization off).
 
@@ -60,7 +61,6 @@ class NoQuantization:
     trainable: Any = nnx.Param
     base: Callable[[nnx.Module], nnx.Module] | None = None
     unquantized: Callable[[nnx.Module], nnx.Module] | None = None
-    full_checkpoint: bool = True
 
     def apply(self, model: nnx.Module, abstract: bool = False) -> nnx.Module:
         return model
@@ -77,7 +77,6 @@ class Qat:
     trainable: Any = nnx.Param
     base: Callable[[nnx.Module], nnx.Module] | None = None
     unquantized: Callable[[nnx.Module], nnx.Module] | None = unquantized
-    full_checkpoint: bool = True
 
     def apply(self, model: nnx.Module, abstract: bool = False) -> nnx.Module:
         check_against_model(self.rules, model)
@@ -102,7 +101,6 @@ class Lora:
     trainable: Any = nnx.LoRAParam
     base: Callable[[nnx.Module], nnx.Module] | None = adapters_off
     unquantized: Callable[[nnx.Module], nnx.Module] | None = None
-    full_checkpoint: bool = False
 
     def apply(self, model: nnx.Module, abstract: bool = False) -> nnx.Module:
         """`model` with the adapters added (Qwix runs one forward on a small example)."""
