@@ -1,5 +1,5 @@
 """A stack run's trained policy, read back from its checkpoints dir as a plain float Llama
-(for export, generation, post-training quantization).
+(for export, generation and a reward model).
 
 The run's `config.yaml` beside the checkpoints dir gives the model shape and the
 quantization. A full checkpoint's policy params are loaded as saved (QAT's are the float
@@ -16,12 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 from stack.errors import ConfigError
 
 
-def run_config(checkpoints: str, key: str = "path") -> DictConfig:
-    """The resolved config of the run that wrote `checkpoints` (its `config.yaml`)."""
+def run_config(checkpoints: str, key: str = "") -> DictConfig:
+    """The resolved config of the run that wrote `checkpoints` (its `config.yaml`); `key` names
+    the setting that gave the path, for the error."""
     path = os.path.join(os.path.dirname(os.path.abspath(checkpoints.rstrip("/"))), "config.yaml")
     if not os.path.isfile(path):
-        raise ConfigError(f"{key} {checkpoints!r}: no run config.yaml beside it (expected a stack run's "
-                          "checkpoints dir, RUN/checkpoints, with RUN/config.yaml).")
+        raise ConfigError(f"{key}{checkpoints!r}: no run config.yaml beside it (expected the checkpoints dir of a "
+                          "stack run, RUN/checkpoints, with RUN/config.yaml; for a reward model: of a "
+                          "`python -m stack algorithm=rm ...` run).")
     return OmegaConf.load(path)
 
 

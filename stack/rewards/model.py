@@ -10,14 +10,13 @@ encodes a preference pair's side (BOS, the prompt and completion pieces of its c
     score_texts("runs/rm/checkpoints", ["copy abc="], ["abc"])   # -> array([2.7], dtype=float32)
 """
 
-import os
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from stack.algorithms.rm import pair_rows
 from stack.errors import ConfigError
@@ -43,11 +42,9 @@ class ModelReward:
 
     def run_config(self) -> DictConfig:
         """The resolved config of the run that wrote the checkpoints (its `config.yaml`)."""
-        path = os.path.join(os.path.dirname(os.path.abspath(self.init_from.rstrip("/"))), "config.yaml")
-        if not os.path.isfile(path):
-            raise ConfigError(f"'reward.init_from'={self.init_from!r}: no run config.yaml beside it (expected the "
-                              "checkpoints dir of a `python -m stack algorithm=rm ...` run, e.g. RUN/checkpoints).")
-        cfg = OmegaConf.load(path)
+        from stack.policy import run_config
+
+        cfg = run_config(self.init_from, key="'reward.init_from'=")
         if cfg.algorithm.name != "rm":
             raise ConfigError(f"'reward.init_from'={self.init_from!r} was written by algorithm="
                               f"{cfg.algorithm.name!r}, not a reward model (algorithm=rm).")
