@@ -96,7 +96,7 @@ def _parsed(overrides: list[str]) -> list[Override]:
     return parsed
 
 
-def _friendly(exc: Exception, overrides: list[str]) -> ConfigError:
+def friendly_error(exc: Exception, overrides: list[str]) -> ConfigError:
     """Turn a Hydra/OmegaConf composition error into a one-paragraph ConfigError."""
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
@@ -142,7 +142,7 @@ def preflight(argv: list[str]) -> DictConfig | None:
                     OSError) as exc:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
-                raise _friendly(exc, overrides) from exc
+                raise friendly_error(exc, overrides) from exc
             cfg = cfg or job_cfg
     return cfg
 

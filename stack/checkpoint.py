@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stack.checkpoint_errors import aborted_write, writing
 from stack.errors import ConfigError
-from stack.quant.config import has_adapters
+from stack.quant.config import has_adapters, is_post_training
 
 # Config keys whose change would make a resumed run compute something else; the rest
 # (trainer.steps, logging, eval, checkpoint cadence, mesh, data loading threads) may change.
@@ -241,6 +241,7 @@ class Saved(NamedTuple):
     tree: dict[str, Any]  # {"policy": ..., <extra trained module>: ...}
     step: int
     adapters_only: bool  # a LoRA/QLoRA run: "policy" holds the adapters, not the base weights
+    quantized: bool = False  # `python -m stack.quantize` wrote it: quantized weights and scales
 
 
 def read_params(path: str, step: int | None = None) -> Saved:
@@ -254,14 +255,20 @@ def read_params(path: str, step: int | None = None) -> Saved:
     r = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     manager.close()
     saved = r.state["params"]
-    adapters = has_adapters(OmegaConf.create(r.meta.get("config", {}).get("quantization") or {"method": "none"}))
-    return Saved(saved if r.meta.get("format", 1) >= 2 else {"policy": saved}, step, adapters)
+    quant = OmegaConf.create(r.meta.get("config", {}).get("quantization") or {"method": "none"})
+    return Saved(saved if r.meta.get("format", 1) >= 2 else {"policy": saved}, step, has_adapters(quant),
+                 is_post_training(quant))
 
 
 def load_params(model: Any, path: str, step: int | None = None) -> int:
     """Overwrite `model`'s params with the policy's of a checkpoints dir (newest step, or
     `step`); returns the step read. An adapters-only (LoRA) checkpoint is refused: merge it first."""
-    tree, step, adapters_only = read_params(path, step)
+    tree, step, adapters_only, quantized = read_params(path, step)
+    if quantized:
+        raise ConfigError(f"Checkpoint {path}/{step} holds post-training-quantized weights (python -m "
+                          "stack.quantize): training and model.init_from need float params. Start from the float "
+                          f"run's checkpoints, or export dequantized weights: `python -m stack.hf export {path} "
+                          "--out DIR`, then hf:DIR.")
     if adapters_only:
         raise ConfigError(f"Checkpoint {path}/{step} was trained with LoRA/QLoRA: it holds the adapters only, not "
                           f"a full model. Merge them into the base first: `python -m stack.hf export {path} --out DIR "

@@ -23,15 +23,16 @@ def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "fl
            merge_adapters: bool = False) -> int:
     """Write the policy of `checkpoints` (newest step, or `step`) to `out`, and the scalar heads
     saved beside it (HEADS); return the step. A LoRA/QLoRA run needs `merge_adapters`: its
-    checkpoint holds adapters only, exported as W + (alpha / rank) A B (stack.quant.merge)."""
+    checkpoint holds adapters only, exported as W + (alpha / rank) A B (stack.quant.merge); a PTQ
+    checkpoint (python -m stack.quantize) exports its dequantized weights."""
     from stack.checkpoint import read_params
     from stack.models.hf import export_hf
-    from stack.policy import load_policy
+    from stack.policy import float_policy
 
     if not merge_adapters and read_params(checkpoints, step).adapters_only:
         raise ConfigError(f"{checkpoints!r} holds LoRA/QLoRA adapters only, not a full model: pass --merge-adapters "
                           "to export the base with the adapters merged in (W + alpha/rank * A B).")
-    model, cfg, saved = load_policy(checkpoints, step)
+    model, cfg, saved = float_policy(checkpoints, step)  # PTQ weights dequantized
     tokenizer = cfg.data.tokenizer
     tokenizer_dir = None if tokenizer == "byte" else tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
     export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype)

@@ -1,5 +1,6 @@
 """A stack run's trained policy, read back from its checkpoints dir as a plain float Llama
-(for export, generation and a reward model).
+(for export, generation and a reward model), or, for a `python -m stack.quantize` output, as
+the PTQ model (quantized weights; `finalize` of its provider dequantizes them for export).
 
 The run's `config.yaml` beside the checkpoints dir gives the model shape and the
 quantization. A full checkpoint's policy params are loaded as saved (QAT's are the float
@@ -28,7 +29,7 @@ def run_config(checkpoints: str, key: str = "") -> DictConfig:
 
 
 def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, DictConfig, Any]:
-    """(the policy as a plain float Llama, the run's config, the `Saved` step read)."""
+    """(the policy as a plain float Llama or a PTQ model, the run's config, the `Saved` step read)."""
     from stack.build import initial_model
     from stack.checkpoint import assign_params, read_params
     from stack.models.llama import init_model
@@ -40,9 +41,24 @@ def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, 
     model = init_model(cfg.model, 0)
     quant = make_quantization(cfg.quantization, cfg.seed)
     if not saved.adapters_only:
+        model = quant.apply(model) if saved.quantized else model  # PTQ: the quantized structure
         assign_params(model, saved.tree["policy"], where)
         return model, cfg, saved
     adapted = quant.apply(initial_model(cfg))  # the base as the run built it, adapters added
     assign_params(adapted, saved.tree["policy"], where, which=quant.trainable)
     assign_params(model, quant.finalize(adapted), where)
     return model, cfg, saved
+
+
+def float_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, DictConfig, Any]:
+    """`load_policy`, with a PTQ model's weights dequantized into a plain float Llama (for export)."""
+    from stack.checkpoint import assign_params
+    from stack.models.llama import init_model
+    from stack.quant.providers import make_quantization
+
+    model, cfg, saved = load_policy(checkpoints, step)
+    if not saved.quantized:
+        return model, cfg, saved
+    plain = init_model(cfg.model, 0)
+    assign_params(plain, make_quantization(cfg.quantization, cfg.seed).finalize(model), f"{checkpoints}/{saved.step}")
+    return plain, cfg, saved

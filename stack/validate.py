@@ -6,7 +6,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from stack.errors import ConfigError, bad_choice, unknown_key
-from stack.quant.config import check_config
+from stack.quant.config import check_config, check_training
 from stack.rewards import check_name
 from stack.schema import GROUPS
 from stack.targets import check_targets
@@ -59,6 +59,7 @@ def validate(cfg: DictConfig) -> None:
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
     check_config(cfg.quantization)
+    check_training(cfg.quantization)
     _check_algorithm(cfg)
     _check_reward(cfg)
     check_targets(cfg, tuple(cfg.allow_targets), objects=False)  # build() judges the objects

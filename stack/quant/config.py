@@ -8,7 +8,7 @@ from stack.errors import ConfigError, bad_choice
 QTYPES = ("int8", "int4", "fp8", "nf4")  # weights (nf4: 4-bit NormalFloat, weights only)
 ACT_QTYPES = ("int8", "int4", "fp8")
 CALIBRATIONS = ("absmax", "minmax", "rms", "fixed")  # Qwix's methods, written `absmax`, `rms,0.9`, ...
-METHODS = ("none", "qat", "lora")
+METHODS = ("none", "qat", "ptq", "lora")
 
 
 def check_config(q: Any) -> None:
@@ -18,11 +18,13 @@ def check_config(q: Any) -> None:
     if q.method == "none":
         if q.rules:
             raise ConfigError("'quantization.rules' is set but quantization.method=none; pick a quantization "
-                              "option (int8_qat, int4_qat, fp8_qat, lora, qlora_nf4) or set the method.")
+                              "option (int8_qat, w8_ptq, lora, qlora_nf4, ...) or set the method.")
         return
     if not q.rules:
         raise ConfigError(f"'quantization.rules' is empty for quantization.method={q.method!r}: list at least one "
                           "rule (module_path regex, weight_qtype, ...).")
+    if q.calibration_batches < 1:
+        raise ConfigError(f"'quantization.calibration_batches'={q.calibration_batches} must be >= 1.")
     for i, r in enumerate(q.rules):
         _check_rule(f"quantization.rules.{i}", r, q.method)
 
@@ -53,7 +55,22 @@ def _check_rule(key: str, r: Any, method: str) -> None:
         raise ConfigError(f"'{key}.tile_size'={r.tile_size} must be a positive integer.")
 
 
+def check_training(q: Any) -> None:
+    """A training run's quantization: post-training quantization is its own command."""
+    if q.method == "ptq":
+        raise ConfigError(f"quantization={q.name} (method ptq) is post-training quantization, not a way to train: "
+                          f"train in float, then run `python -m stack.quantize RUN/checkpoints "
+                          f"quantization={q.name} --out DIR`. To train with quantization, pick int8_qat, int4_qat, "
+                          "fp8_qat, lora or qlora_nf4.")
+
+
 def has_adapters(q: Any) -> bool:
     """Whether the run trains adapters on a frozen base (LoRA/QLoRA): its checkpoints hold the
     adapters only, and the base model is the policy with its adapters off."""
     return q.method == "lora"
+
+
+def is_post_training(q: Any) -> bool:
+    """Whether the config is post-training quantization (`python -m stack.quantize`'s output:
+    its checkpoint holds quantized weights and static activation scales)."""
+    return q.method == "ptq"

@@ -1,4 +1,5 @@
-"""Folding LoRA adapters into their base weights, for export (`stack.hf export --merge-adapters`).
+"""Folding LoRA adapters into their base weights, for export (`stack.hf export --merge-adapters`),
+and a PTQ model's weights back to float.
 
 Qwix LoRA keeps, on each adapted `nnx.Linear`, the frozen `kernel` [in, out] (a QLoRA base: a
 quantized `WithAux` array) and `kernel_lora_a` [in, r], `kernel_lora_b` [r, out]; its forward
@@ -39,7 +40,7 @@ def merge_adapters(model: nnx.Module, rules: Sequence[Any]) -> dict[str, Any]:
     """The params of the plain model (a nested dict like `nnx.to_pure_dict`) with every adapted
     kernel replaced by W + (alpha / rank) A B and the adapters dropped."""
     params = plain_params(model)
-    for path, module in model.iter_modules():
+    for path, module in nnx.iter_modules(model):
         if not hasattr(module, "kernel_lora_a"):
             continue
         rule = _rule_of("/".join(map(str, path)), rules)
@@ -49,4 +50,18 @@ def merge_adapters(model: nnx.Module, rules: Sequence[Any]) -> dict[str, Any]:
             node = node[str(key)]
         node["kernel"] = _dense(module.kernel) + (rule.alpha / rule.rank) * (a @ b)
         del node["kernel_lora_a"], node["kernel_lora_b"]
+    return params
+
+
+def dequantized_params(model: nnx.Module) -> dict[str, Any]:
+    """The params of a PTQ model as float32 kernels (the plain model's layout; activation scales dropped)."""
+    params = plain_params(model)
+    for path, module in nnx.iter_modules(model):
+        node = params
+        for key in path:
+            node = node[str(key)]
+        for name in [k for k in node if k.endswith("_scale")]:
+            del node[name]
+        if hasattr(getattr(module, "kernel", None), "array"):
+            node["kernel"] = _dense(module.kernel)
     return params

@@ -16,6 +16,9 @@ pass (straight-through gradients); the params stay float and train as usual.
 to the matched projections (step 0 equals the base model); a rule's `weight_qtype` stores the
 frozen base quantized (QLoRA). Only the adapters train; the base is rebuilt from `seed` /
 `model.init_from` on every start and never checkpointed.
+`ptq`: not a training provider (validation refuses it for training; `python -m stack.quantize`
+makes a PTQ checkpoint, stack.quant.ptq). `apply` gives the structure such a checkpoint is read
+into (Qwix `PtqProvider`: quantized weights, static activation scales); `finalize` dequantizes.
 """
 
 from dataclasses import dataclass
@@ -26,8 +29,8 @@ import jax.numpy as jnp
 import qwix
 from flax import nnx
 
-from stack.quant.merge import merge_adapters, plain_params
-from stack.quant.rules import check_against_model, qtype
+from stack.quant.merge import dequantized_params, merge_adapters, plain_params
+from stack.quant.rules import check_against_model, qtype, qwix_rules
 
 EXAMPLE = (1, 8)  # the token batch Qwix runs once to find the matched layers
 
@@ -116,8 +119,27 @@ class Lora:
         return merge_adapters(model, self.rules)
 
 
-def make_quantization(q: Any, seed: int) -> NoQuantization | Qat | Lora:
-    """The training provider of the `quantization` group's config `q` (method none, qat or lora)."""
+@dataclass(frozen=True)
+class Ptq:
+    """Post-training quantization (Qwix PTQ): quantized weights and static activation scales."""
+
+    rules: tuple[Any, ...]
+    trainable: Any = nnx.Param
+    base: Callable[[nnx.Module], nnx.Module] | None = None
+    unquantized: Callable[[nnx.Module], nnx.Module] | None = None
+
+    def apply(self, model: nnx.Module, abstract: bool = False) -> nnx.Module:
+        """The PTQ structure of `model` (its scales are placeholders until a checkpoint is read in)."""
+        check_against_model(self.rules, model)
+        provider = qwix.PtqProvider(qwix_rules(self.rules))
+        return run_once(lambda m, x: qwix.quantize_model(m, provider, x), model, abstract)
+
+    def finalize(self, model: nnx.Module) -> dict[str, Any]:
+        return dequantized_params(model)
+
+
+def make_quantization(q: Any, seed: int) -> NoQuantization | Qat | Lora | Ptq:
+    """The provider of the `quantization` group's config `q`."""
     providers = {"none": lambda: NoQuantization(), "qat": lambda: Qat(tuple(q.rules)),
-                 "lora": lambda: Lora(tuple(q.rules), seed)}
+                 "lora": lambda: Lora(tuple(q.rules), seed), "ptq": lambda: Ptq(tuple(q.rules))}
     return providers[q.method]()

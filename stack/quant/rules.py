@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import qwix
 from flax import nnx
 
 from stack.errors import ConfigError
@@ -24,10 +25,22 @@ def qtype(name: str | None) -> Any:
     return None if name is None else QWIX_QTYPES[name]
 
 
+STATIC = dict(act_static_scale=True, act_batch_axes=(0, 1))  # one scale over batch and token axes
+
+
+def qwix_rules(rules: Sequence[Any], rule_type: type = qwix.QuantizationRule) -> list[Any]:
+    """Qwix rules (PTQ's `QuantizationRule` or calibration's `QtRule`), activations static."""
+    return [rule_type(module_path=r.module_path, weight_qtype=qtype(r.weight_qtype), tile_size=r.tile_size,
+                      weight_calibration_method=r.weight_calibration,
+                      **(dict(act_qtype=qtype(r.act_qtype), act_calibration_method=r.act_calibration, **STATIC)
+                         if r.act_qtype else {}))
+            for r in rules]
+
+
 def module_paths(model: nnx.Module) -> dict[str, int | None]:
     """Each module that owns a matmul weight -> its contraction dim (None for an embedding)."""
     found: dict[str, int | None] = {}
-    for path, module in model.iter_modules():
+    for path, module in nnx.iter_modules(model):
         name = "/".join(map(str, path))
         if isinstance(module, nnx.Linear):
             found[name] = module.kernel.shape[0]

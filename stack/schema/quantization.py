@@ -15,7 +15,7 @@ class QuantRule:
     act_qtype: Optional[str] = None  # int8 | int4 | fp8; None: float activations (weight-only)
     tile_size: Optional[int] = None  # sub-channel scales per tile of the contraction dim (must divide it)
     weight_calibration: str = "absmax"  # Qwix: absmax[,s] | minmax[,s] | rms,s | fixed,lo,hi
-    act_calibration: str = "absmax"  # likewise, for activation scales (QAT: dynamic, per token)
+    act_calibration: str = "absmax"  # likewise, for activation scales (PTQ: calibrated on data)
     rank: int = 8  # LoRA rank (method=lora only)
     alpha: float = 16.0  # LoRA scale: the adapter adds (alpha / rank) * x A B (method=lora only)
 
@@ -23,7 +23,8 @@ class QuantRule:
 @dataclass
 class QuantizationConfig:
     name: str = "none"
-    # none | qat (fake-quantized forward, float params train) | lora (frozen base, quantized when a
-    # rule has weight_qtype: QLoRA)
+    # none | qat (fake-quantized forward, float params train) | ptq (post-training: python -m stack.quantize)
+    # | lora (frozen base, quantized when a rule has weight_qtype: QLoRA)
     method: str = "none"
     rules: List[QuantRule] = field(default_factory=list)
+    calibration_batches: int = 8  # PTQ: batches whose activations set the static activation scales

@@ -1,6 +1,8 @@
 """Quantization-aware training through the CLI: a kill -9 mid-run resumes with the same per-step
-losses, eval reports the fake-quantized and the float loss, and DPO trains with QAT on an
-8-device fsdp_tp mesh."""
+losses, eval reports the fake-quantized and the float loss, DPO trains with QAT on an
+8-device fsdp_tp mesh, and GRPO and PPO sample and train with it."""
+
+import pytest
 
 from tests.conftest import fake_devices, read_metrics, run_cli, train_losses
 from tests.integration.test_resume import kill_at_step_and_rerun
@@ -41,15 +43,22 @@ def test_dpo_with_qat_on_an_fsdp_tp_mesh(tmp_path):
     assert "eval/float/rewards/accuracies" in last and last["step"] == 3
 
 
-def test_grpo_samples_and_trains_with_qat(tmp_path):
+ON_POLICY = {
+    "grpo": ["algorithm=grpo", "algorithm.num_generations=4"],
+    "ppo": ["algorithm=ppo", "algorithm.num_ppo_epochs=2", "reward=arithmetic"],
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ON_POLICY))
+def test_on_policy_algorithms_sample_and_train_with_qat(tmp_path, algorithm):
     """The rollout runs the fake-quantized policy (one intercepted __call__); no float/* eval:
     the eval completions were sampled by the quantized policy."""
     run_dir = tmp_path / "run"
-    res = run_cli(["algorithm=grpo", "data=jsonl_prompts", "quantization=int8_qat", "algorithm.num_generations=4",
-                   "algorithm.max_new_tokens=4", "data.batch_size=8", "trainer.steps=2", "trainer.log_every=1",
-                   "trainer.eval_every=2", "trainer.eval_batches=1", "logger=jsonl", f"run_dir={run_dir}"],
-                  cwd=str(tmp_path))
+    res = run_cli([*ON_POLICY[algorithm], "data=jsonl_prompts", "quantization=int8_qat", "algorithm.max_new_tokens=4",
+                   "data.batch_size=8", "trainer.steps=2", "trainer.log_every=1", "trainer.eval_every=2",
+                   "trainer.eval_batches=1", "logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows if "train/reward" in r] == [1, 2]
+    assert [r["step"] for r in rows if "eval/reward" in r] == [0, 2]
     assert not [k for r in rows for k in r if k.startswith("eval/float/")]

@@ -7,6 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from stack.errors import ConfigError
+from stack.quant.config import check_config
 from stack.schema import GROUPS, recipe_files
 from stack.validate import validate
 from tests.conftest import REPO, make_cfg
@@ -50,6 +51,11 @@ def test_every_option_composes_typed_and_valid(group, option):
     assert node.name == option
     assert OmegaConf.get_type(node).__name__.endswith("Config"), "the option is not typed by its schema"
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    if group == "quantization" and node.method == "ptq":  # python -m stack.quantize's options, not training's
+        check_config(node)
+        with pytest.raises(ConfigError, match="post-training quantization, not a way to train"):
+            validate(cfg)
+        return
     validate(cfg)
 
 

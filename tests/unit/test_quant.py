@@ -140,7 +140,8 @@ def test_rules_are_checked_against_the_model_before_compute(overrides, match):
     (["quantization=lora", "quantization.rules.0.act_qtype=int8"], r"act_qtype'='int8': LoRA/QLoRA"),
     (["quantization=int8_qat", "quantization.rules.0.act_calibration=median"],
      r"'median' for 'quantization.rules.0.act_calibration'.*Available: absmax, fixed, minmax, rms"),
-    (["quantization=none", "quantization.method=ptq"], r"quantization.method.*Available: lora, none, qat"),
+    (["quantization=w8_ptq"], r"post-training quantization.*python -m stack.quantize"),
+    (["quantization=none", "quantization.method=fp4"], r"quantization.method.*Available: lora, none, ptq, qat"),
 ])
 def test_bad_quantization_configs_name_the_key_and_the_choices(overrides, match):
     with pytest.raises(ConfigError, match=match):
