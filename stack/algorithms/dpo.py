@@ -4,12 +4,17 @@
   carry no loss mask, so they never count).
 - Chosen and rejected rows go through ONE forward pass of the policy (the batch's pair axis
   is folded into the batch axis), and one of the frozen reference.
-- Δ = (log π(c) − log π(r)) − (log π_ref(c) − log π_ref(r)). Loss types:
-  `sigmoid`  −log σ(βΔ), with label smoothing ε: −(1−ε) log σ(βΔ) − ε log σ(−βΔ) (cDPO);
-  `hinge`    max(0, 1 − βΔ);
-  `ipo`      (Δ̄ − 1/(2β))², Δ̄ from log-probs averaged over each completion's tokens;
-  `robust`   ((1−ε)(−log σ(βΔ)) + ε log σ(−βΔ)) / (1 − 2ε), 0 ≤ ε < 0.5.
-  `sft_weight` adds that weight × the chosen completions' mean token NLL (TRL's `rpo_alpha`).
+- Loss types (`loss_type`: one name or a list; TRL 1.x: loss = Σ_i `loss_weights`_i × loss_i,
+  weights 1 each by default): every loss type of TRL DPOTrainer 1.16, with its formulas and
+  f-divergences (`f_divergence_type`), in stack.algorithms.dpo_losses; e.g. `sigmoid`
+  −log σ(βΔ), Δ = (log π(c) − log π(r)) − (log π_ref(c) − log π_ref(r)), with label smoothing
+  ε: −(1−ε) log σ(βΔ) − ε log σ(−βΔ) (cDPO); `ipo` (Δ̄ − 1/(2β))², Δ̄ from log-probs averaged
+  over each completion's tokens. `sft` (TRL ≥ 0.29) and `sft_weight` (TRL ≤ 0.28 `rpo_alpha`) add
+  that weight × the chosen completions' mean token NLL (a term of its own: Σ NLL / chosen tokens).
+- `trl_compat=true` reproduces TRL 1.16 where this stack differs by default: `sigmoid` ignores
+  `label_smoothing` (TRL 1.16 applies ε only to robust, exo_pair, aot, aot_unpaired), and
+  `ipo` logs rewards/* from the summed log-ratios (by default, `ipo` alone logs the
+  length-normalised ones its loss uses).
 - Metrics (TRL's names): rewards/chosen = β(log π(c) − log π_ref(c)) averaged over pairs,
   rewards/rejected likewise, rewards/margins their difference, rewards/accuracies the
   fraction with chosen reward strictly above rejected, logps/chosen, logps/rejected.
@@ -25,6 +30,7 @@ training (stack.precompute) and stores `ref_logps` with the data state in each c
 no reference model is kept or run during training.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -33,6 +39,7 @@ import optax
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, loss_metrics, map_micro, real_tokens
+from stack.algorithms.dpo_losses import LossParams, Pairs, pair_losses, rewards
 from stack.algorithms.reference import Reference
 from stack.schema.algorithm import DPOConfig
 
@@ -41,18 +48,10 @@ LOSS_TYPES = DPOConfig.loss_types
 
 def dpo_loss(policy_c: jax.Array, policy_r: jax.Array, ref_c: jax.Array, ref_r: jax.Array, beta: float,
              loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> jax.Array:
-    """Per-pair losses from sequence log-probs (for `ipo`: already length-normalised)."""
-    delta = (policy_c - policy_r) - (ref_c - ref_r)
-    eps = label_smoothing
-    if loss_type == "sigmoid":
-        return -(1 - eps) * jax.nn.log_sigmoid(beta * delta) - eps * jax.nn.log_sigmoid(-beta * delta)
-    if loss_type == "hinge":
-        return jax.nn.relu(1 - beta * delta)
-    if loss_type == "ipo":
-        return (delta - 1 / (2 * beta)) ** 2
-    if loss_type == "robust":
-        return (-(1 - eps) * jax.nn.log_sigmoid(beta * delta) + eps * jax.nn.log_sigmoid(-beta * delta)) / (1 - 2 * eps)
-    raise ValueError(f"unknown DPO loss_type {loss_type!r}; one of {LOSS_TYPES}")
+    """Per-pair losses from sequence log-probs (for `ipo` and `sigmoid_norm`: already length-normalised)."""
+    ones = jnp.ones_like(policy_c)
+    pairs = Pairs(policy_c, policy_r, ref_c, ref_r, ones, ones)
+    return pair_losses(pairs, LossParams(beta, label_smoothing), (loss_type,))
 
 
 def sequence_logps(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -79,11 +78,20 @@ class DPO:
     schedule = Schedule()
     score = scores_spec = finalize = None
 
-    def __init__(self, name: str = "dpo", beta: float = 0.1, loss_type: str = "sigmoid",
+    def __init__(self, name: str = "dpo", beta: float = 0.1, loss_type: str | Sequence[str] = "sigmoid",
                  label_smoothing: float = 0.0, sft_weight: float = 0.0, reference: dict[str, Any] | None = None,
-                 precompute_reference: bool = False):
+                 precompute_reference: bool = False, loss_weights: Sequence[float] | None = None,
+                 discopop_tau: float = 0.05, f_divergence_type: str = "reverse_kl",
+                 f_alpha_divergence_coef: float = 0.5, trl_compat: bool = False):
         self.name, self.beta, self.loss_type = name, beta, loss_type
-        self.label_smoothing, self.sft_weight = label_smoothing, sft_weight
+        self.loss_types = (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
+        self.loss_weights = (1.0,) * len(self.loss_types) if loss_weights is None else tuple(map(float, loss_weights))
+        self.params = LossParams(beta, label_smoothing, discopop_tau, f_divergence_type, f_alpha_divergence_coef,
+                                 trl_compat)
+        self.label_smoothing = label_smoothing
+        # the chosen-NLL weight: sft_weight plus the weights of `sft` entries
+        self.sft_weight = sft_weight + sum(w for t, w in zip(self.loss_types, self.loss_weights) if t == "sft")
+        self.normalised_rewards = self.loss_types == ("ipo",) and not trl_compat
         self.reference = Reference((reference or {}).get("init_from"))
         self.precomputes = precompute_reference
 
@@ -104,21 +112,17 @@ class DPO:
         return int(batch["inputs"].size)
 
     def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
-        """Terms: (Σ pair losses, n pairs), and with `sft_weight` (weight × Σ chosen NLL, chosen tokens)."""
+        """Terms: (Σ pair losses, n pairs), and with an sft weight (weight × Σ chosen NLL, chosen tokens)."""
         flat = _fold({k: v for k, v in batch.items() if k != "ref_logps"})  # [2B, T]: c0, r0, c1, r1, ...
         policy, tokens = _logps(models.policy, flat)
         ref = batch["ref_logps"].reshape(-1)
-        if self.loss_type == "ipo":  # length-normalised log-ratios
-            policy_n, ref_n = policy / jnp.maximum(tokens, 1.0), ref / jnp.maximum(tokens, 1.0)
-        else:
-            policy_n, ref_n = policy, ref
-        pc, pr, rc, rr = policy_n[0::2], policy_n[1::2], ref_n[0::2], ref_n[1::2]
-        losses = dpo_loss(pc, pr, rc, rr, self.beta, self.loss_type, self.label_smoothing)
+        pairs = Pairs(policy[0::2], policy[1::2], ref[0::2], ref[1::2], tokens[0::2], tokens[1::2])
+        losses = pair_losses(pairs, self.params, self.loss_types, self.loss_weights)
         num, den = losses.sum(), jnp.asarray(losses.shape[0], jnp.float32)
         if self.sft_weight:
             num = jnp.stack([num, -self.sft_weight * policy[0::2].sum()])
             den = jnp.stack([den, tokens[0::2].sum()])
-        chosen, rejected = self.beta * (pc - rc), self.beta * (pr - rr)
+        chosen, rejected = rewards(pairs, self.beta, self.normalised_rewards)
         return (num, den), {
             "rewards/chosen": chosen.mean(),
             "rewards/rejected": rejected.mean(),

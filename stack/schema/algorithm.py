@@ -5,10 +5,12 @@ Each schema also answers, without importing jax, what validation asks of its alg
 ConfigError). `stack.validate` calls these; it never tests an algorithm's name.
 """
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
-from stack.errors import ConfigError, bad_choice
+from stack.errors import ConfigError, bad_choice, short
 from stack.quant.config import has_adapters
 
 
@@ -45,34 +47,110 @@ class ReferenceConfig:
 
 @dataclass
 class DPOConfig(AlgorithmConfig):
+    """Direct preference optimisation (stack/algorithms/dpo.py; the losses: stack/algorithms/dpo_losses.py)."""
+
     name: str = "dpo"
     _target_: str = "stack.algorithms.dpo.DPO"
     beta: float = 0.1
-    loss_type: str = "sigmoid"  # sigmoid | hinge | ipo | robust (stack/algorithms/dpo.py)
-    label_smoothing: float = 0.0  # sigmoid (cDPO) and robust; 0 <= eps < 0.5
-    sft_weight: float = 0.0  # + weight x NLL of the chosen completions (TRL's rpo_alpha)
+    loss_type: Any = "sigmoid"  # a name of `loss_types` or a list of them (TRL 1.x: combined by loss_weights)
+    loss_weights: Any = None  # one weight per loss_type entry; null: 1 each (TRL); loss = sum of weight x loss
+    # eps of sigmoid (cDPO; ignored with trl_compat, as TRL), robust, aot, aot_unpaired, exo_pair; 0 <= eps < 0.5
+    label_smoothing: float = 0.0
+    discopop_tau: float = 0.05  # tau of loss_type discopop (TRL's default)
+    f_divergence_type: str = "reverse_kl"  # reverse_kl | forward_kl | js_divergence | alpha_divergence (f-DPO)
+    f_alpha_divergence_coef: float = 0.5  # alpha of alpha_divergence
+    # true: TRL 1.16 exactly: sigmoid ignores label_smoothing; ipo logs rewards/* from summed log-ratios
+    trl_compat: bool = False
+    # + weight x NLL of the chosen completions (TRL <= 0.28 rpo_alpha; since 0.29: loss_type sft)
+    sft_weight: float = 0.0
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     # true: reference log-probs computed once before training, stored with the data state
     precompute_reference: bool = False
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
-    loss_types: ClassVar[tuple[str, ...]] = ("sigmoid", "hinge", "ipo", "robust")
+    loss_types: ClassVar[tuple[str, ...]] = (
+        "sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+        "apo_zero", "apo_down", "discopop", "sigmoid_norm", "sft")
+    f_divergence_types: ClassVar[tuple[str, ...]] = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
+    # the losses of the chosen-minus-rejected score, the only ones a non-default f applies to (TRL)
+    f_divergence_losses: ClassVar[tuple[str, ...]] = (
+        "sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft")
 
     @staticmethod
     def check(node: Any, cfg: Any) -> None:
-        if node.loss_type not in DPOConfig.loss_types:
-            raise bad_choice("algorithm.loss_type", node.loss_type, DPOConfig.loss_types)
+        types = dpo_loss_types(node.loss_type)
+        check_dpo_weights(node.loss_weights, types)
         if not node.beta > 0:
             raise ConfigError(f"'algorithm.beta'={node.beta} must be > 0.")
-        if not 0.0 <= node.label_smoothing < 0.5:
-            raise ConfigError(f"'algorithm.label_smoothing'={node.label_smoothing} must be in [0, 0.5).")
-        if node.label_smoothing and node.loss_type not in ("sigmoid", "robust"):
-            raise ConfigError(f"'algorithm.label_smoothing' applies to loss_type sigmoid or robust, "
-                              f"not {node.loss_type!r}.")
+        check_dpo_smoothing(node, types)
+        check_dpo_divergence(node, types)
         if node.reference.init_from and has_adapters(cfg.quantization):
             raise ConfigError(
                 f"'algorithm.reference.init_from'={node.reference.init_from!r} cannot be combined with "
                 f"quantization={cfg.quantization.name}: with adapters the reference is the base model with "
                 "its adapters off. Drop one of the two.")
+
+
+def dpo_loss_types(value: Any) -> list[str]:
+    """`algorithm.loss_type` as a list of known names (a single name is a list of one)."""
+    if isinstance(value, str):
+        names, keys = [value], ["algorithm.loss_type"]
+    elif isinstance(value, Sequence) and len(value):
+        names, keys = list(value), [f"algorithm.loss_type.{i}" for i in range(len(value))]
+    else:
+        raise ConfigError(f"'algorithm.loss_type'={short(repr(value))}: expected a loss type or a non-empty list "
+                          f"of them, e.g. [sigmoid,bco_pair]; available: {', '.join(DPOConfig.loss_types)}.")
+    for key, name in zip(keys, names):
+        if name not in DPOConfig.loss_types:
+            raise bad_choice(key, name, DPOConfig.loss_types)
+    return names
+
+
+def check_dpo_weights(weights: Any, types: list[str]) -> None:
+    """`algorithm.loss_weights`: null, or one finite number >= 0 per loss type."""
+    if weights is None:
+        return
+    if isinstance(weights, str) or not isinstance(weights, Sequence):
+        raise ConfigError(f"'algorithm.loss_weights'={short(repr(weights))}: expected a list of numbers, one per "
+                          f"'algorithm.loss_type' entry ({types}), or null for 1 each.")
+    if len(weights) != len(types):
+        n, m = len(weights), len(types)
+        raise ConfigError(f"'algorithm.loss_weights'={short(list(weights))} has {n} weight{'s' * (n != 1)} for "
+                          f"the {m} loss type{'s' * (m != 1)} {types} of 'algorithm.loss_type': give one weight per "
+                          "loss type, or null for 1 each.")
+    for i, w in enumerate(weights):
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise ConfigError(f"'algorithm.loss_weights.{i}'={short(repr(w))} must be a finite number >= 0 "
+                              f"(the weight of loss_type {types[i]!r}).")
+
+
+def check_dpo_smoothing(node: Any, types: list[str]) -> None:
+    """`algorithm.label_smoothing`: in [0, 0.5), used by one of the loss types, > 0 for exo_pair."""
+    eps = node.label_smoothing
+    if not 0.0 <= eps < 0.5:
+        raise ConfigError(f"'algorithm.label_smoothing'={eps} must be in [0, 0.5).")
+    users = ("robust", "aot", "aot_unpaired", "exo_pair") + (() if node.trl_compat else ("sigmoid",))
+    if eps and not set(users) & set(types):
+        raise ConfigError(f"'algorithm.label_smoothing'={eps} applies to loss_type {', '.join(users)} "
+                          f"(sigmoid only without trl_compat, as TRL 1.16 ignores it there), not {types}.")
+    if "exo_pair" in types and not eps > 0:
+        raise ConfigError(f"'algorithm.label_smoothing'={eps}: loss_type exo_pair needs eps in (0, 0.5) (the EXO "
+                          "paper recommends 1e-3; TRL refuses 0 likewise).")
+
+
+def check_dpo_divergence(node: Any, types: list[str]) -> None:
+    """`algorithm.f_divergence_type` and its coefficient; `algorithm.discopop_tau`."""
+    kind = node.f_divergence_type
+    if kind not in DPOConfig.f_divergence_types:
+        raise bad_choice("algorithm.f_divergence_type", kind, DPOConfig.f_divergence_types)
+    others = [t for t in types if t not in DPOConfig.f_divergence_losses]
+    if kind != "reverse_kl" and others:
+        raise ConfigError(f"'algorithm.f_divergence_type'={kind!r} does not apply to loss_type {others}: only "
+                          f"{', '.join(DPOConfig.f_divergence_losses)} are losses of the chosen-minus-rejected "
+                          "score (TRL 1.16 refuses the others too). Use reverse_kl with them.")
+    if not math.isfinite(node.f_alpha_divergence_coef):
+        raise ConfigError(f"'algorithm.f_alpha_divergence_coef'={node.f_alpha_divergence_coef} must be finite.")
+    if not node.discopop_tau > 0:
+        raise ConfigError(f"'algorithm.discopop_tau'={node.discopop_tau} must be > 0 (TRL's default 0.05).")
 
 
 @dataclass
