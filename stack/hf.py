@@ -1,6 +1,7 @@
 """`python -m stack.hf export RUN/checkpoints --out DIR`: a run's checkpoint as a Hugging Face
 Llama directory (config.json, model.safetensors, and the tokenizer files if the run used a
-local tokenizer) that `transformers.LlamaForCausalLM.from_pretrained(DIR)` loads.
+local tokenizer) that `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads without
+warnings: config.json in the form transformers 5 writes, with the tokenizer's bos/eos/pad ids.
 A reward model's head is written beside it as `score_head.safetensors`, a PPO value model's
 head as `value_head.safetensors`: one tensor `score.weight` [1, d_model] each, the layout of
 `LlamaForSequenceClassification.score` (a PPO value model's own trunk is not exported).
@@ -35,9 +36,17 @@ def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "fl
     model, cfg, saved = float_policy(checkpoints, step)  # PTQ weights dequantized
     tokenizer = cfg.data.tokenizer
     tokenizer_dir = None if tokenizer == "byte" else tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
-    export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype)
+    export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype, specials=specials(tokenizer))
     _export_heads(saved.tree, out, dtype)
     return saved.step
+
+
+def specials(tokenizer: str) -> dict[str, int]:
+    """bos/eos/pad_token_id of the run's tokenizer (`data.tokenizer`), for config.json."""
+    from stack.data.tokenizers import make_tokenizer
+
+    tok = make_tokenizer(tokenizer)
+    return {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
 
 
 def _export_heads(tree: dict, out: str, dtype: str) -> None:

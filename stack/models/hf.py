@@ -3,7 +3,7 @@
 HF's `LlamaForCausalLM` uses the same rotate-half RoPE as `stack.models.llama`, so q/k need
 no permutation; torch `Linear.weight` is [out, in], our kernels are [in, out] (transposed).
 Reads both config styles: transformers<5 (`rope_theta`, `rope_scaling`) and >=5
-(`rope_parameters`); writes the older one, which both read.
+(`rope_parameters`); writes the current (>=5) one.
 """
 
 from __future__ import annotations
@@ -197,24 +197,28 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
 
 
 def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,
-              eos_token_id: int | None = None) -> dict:
-    """`config.json` contents of a LlamaForCausalLM equal to the model described by `cfg`."""
+              eos_token_id: int | None = None, pad_token_id: int | None = None) -> dict:
+    """`config.json` of a LlamaForCausalLM equal to the model described by `cfg`, in the form
+    transformers 5 writes itself (`LlamaForCausalLM.save_pretrained`): every key it writes, sorted,
+    `rope_parameters` holding theta and scaling, `dtype`; all but its `transformers_version`."""
     ours = _ours(cfg)
-    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-          "attention_bias": False, "mlp_bias": False, "max_position_embeddings": cfg.max_seq_len,
-          "initializer_range": cfg.init_std, "torch_dtype": dtype, "bos_token_id": bos_token_id,
-          "eos_token_id": eos_token_id}
-    hf.update({HF_KEYS[k]: v for k, v in ours.items()})
+    rope = {"rope_theta": float(ours["rope_theta"]), "rope_type": "default"}
     if ours["rope_scaling"] is not None:
-        hf["rope_scaling"] = {"rope_type": "llama3", **{k: ours["rope_scaling"][k] for k in SCALING_KEYS}}
-    return hf
+        rope |= {"rope_type": "llama3", **{k: ours["rope_scaling"][k] for k in SCALING_KEYS}}
+    hf = {HF_KEYS[k]: v for k, v in ours.items() if k not in ("rope_theta", "rope_scaling")}
+    hf |= {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
+           "use_cache": True, "max_position_embeddings": cfg.max_seq_len, "initializer_range": cfg.init_std,
+           "dtype": dtype, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
+           "pad_token_id": pad_token_id, "rope_parameters": dict(sorted(rope.items()))}
+    return dict(sorted(hf.items()))
 
 
 def export_hf(model: nnx.Module, cfg: Any, out_dir: str, tokenizer_dir: str | None = None,
-              dtype: str = "float32", *, bos_token_id: int | None = None,
-              eos_token_id: int | None = None) -> None:
-    """Write `model` as a HF LlamaForCausalLM: config.json, model.safetensors (in `dtype`) and
-    the tokenizer files found in `tokenizer_dir`. Params must be addressable from this process."""
+              dtype: str = "float32", specials: dict[str, int | None] | None = None) -> None:
+    """Write `model` as a HF LlamaForCausalLM: config.json (`specials`: bos/eos/pad_token_id),
+    model.safetensors (in `dtype`) and the tokenizer files found in `tokenizer_dir`. Params must be
+    addressable from this process."""
     if dtype not in DTYPES:
         raise bad_choice("dtype", dtype, DTYPES)
     tensors = {}
@@ -223,7 +227,7 @@ def export_hf(model: nnx.Module, cfg: Any, out_dir: str, tokenizer_dir: str | No
         tensors[name] = np.ascontiguousarray((arr.T if transpose else arr).astype(DTYPES[dtype]))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(hf_config(cfg, dtype, bos_token_id, eos_token_id), f, indent=2)
+        json.dump(hf_config(cfg, dtype, **(specials or {})), f, indent=2)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     for name in TOKENIZER_FILES if tokenizer_dir else ():
         if os.path.exists(os.path.join(tokenizer_dir, name)):

@@ -28,7 +28,9 @@ def test_export_loads_in_transformers_and_imports_back(tmp_path):
     exported = subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out)],
                               capture_output=True, text=True)
     assert exported.returncode == 0, exported.stderr
-    assert "exported step 10" in exported.stdout and (out / "config.json").exists()
+    assert "exported step 10" in exported.stdout
+    config = json.loads((out / "config.json").read_text())  # the byte tokenizer's specials (ByteTokenizer)
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
 
     cfg = make_cfg(RUN)
     ours = init_model(cfg.model, 1)
