@@ -58,6 +58,7 @@ def validate(cfg: DictConfig) -> None:
         )
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
+    _check_profile(cfg.trainer.profile, cfg.trainer.steps)
     check_config(cfg.quantization)
     check_training(cfg.quantization)
     _check_algorithm(cfg)
@@ -154,3 +155,15 @@ def _check_schema_keys(node: Any, prefix: str) -> None:
         if OmegaConf.is_missing(node, key):
             continue
         _check_schema_keys(node._get_node(key), f"{prefix}{key}.")
+
+
+def _check_profile(profile: Any, steps: int) -> None:
+    """`trainer.profile`: null, or [START, STOP] with 1 <= START <= STOP <= trainer.steps."""
+    if profile is None:
+        return
+    ok = isinstance(profile, ListConfig | list) and len(profile) == 2 and all(
+        isinstance(s, int) and not isinstance(s, bool) for s in profile)
+    if not ok or not 1 <= profile[0] <= profile[1] <= steps:
+        raise ConfigError(f"'trainer.profile'={list(profile) if ok else profile!r}: expected [START,STOP], the "
+                          f"first and last optimizer step to trace, with 1 <= START <= STOP <= trainer.steps "
+                          f"({steps}), e.g. trainer.profile=[5,7]; null: no trace.")

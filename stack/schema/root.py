@@ -14,6 +14,7 @@ class TrainerConfig:
     # the metric a multirun job returns to the sweeper; null: the algorithm's (eval/loss, GRPO: eval/reward)
     objective: Optional[str] = None
     nan_policy: str = "stop"  # stop | ignore
+    profile: Optional[List[int]] = None  # [START, STOP]: a jax.profiler trace of those steps in <run_dir>/profile
 
 
 @dataclass

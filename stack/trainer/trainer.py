@@ -10,6 +10,7 @@ checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds 
 logged row. Host syncs happen only in hooks at logging, eval and checkpoint steps.
 """
 
+import os
 from dataclasses import replace
 
 import jax
@@ -26,6 +27,7 @@ from stack.trainer.evaluation import Evaluation
 from stack.trainer.feed import Feed, Round
 from stack.trainer.metrics import MetricsLog, Throughput
 from stack.trainer.nonfinite import NonFinite
+from stack.trainer.profiler import Profiler
 from stack.trainer.signals import Signals
 
 
@@ -37,6 +39,8 @@ def default_hooks(exp, feed: Feed) -> list[Hook]:
                          Evaluation(t.eval_every), Signals()]
     if exp.checkpointer is not None:
         hooks.append(Checkpointing(exp.checkpointer, guard))
+    if t.profile is not None:
+        hooks.append(Profiler(*t.profile, os.path.join(exp.run_dir, "profile")))
     return hooks
 
 
