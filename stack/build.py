@@ -19,6 +19,7 @@ from stack.checkpoint import Checkpointer, load_params
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import Tokenizer, make_tokenizer
 from stack.errors import ConfigError
+from stack.cache import machine_file
 from stack.hardware import check_platform, peak_flops_per_device, train_flops_per_token
 from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.hf import load_hf_weights
@@ -145,4 +146,5 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                      flops, peak_flops_per_device(cfg.hardware, run_dir), sinks, checkpointer, wandb_id, rewards)
+                      flops, peak_flops_per_device(cfg.hardware, machine_file("cpu_peak")), sinks, checkpointer, wandb_id,
+                      rewards)

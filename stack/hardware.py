@@ -11,8 +11,6 @@ from typing import Any
 
 from stack.errors import ConfigError
 
-CPU_PEAK_FILE = "cpu_peak.json"
-
 
 def matmul_params(model_cfg: Any) -> int:
     """Weights that enter a matmul: q/k/v/o and the SwiGLU MLP of every layer, plus the
@@ -44,14 +42,14 @@ def train_flops_per_token(model_cfg: Any, seq_len: int) -> float:
     return float(6 * matmul_params(m) + attention)
 
 
-def measure_cpu_peak(run_dir: str | None = None, n: int = 1024, repeats: int = 5) -> float:
+def measure_cpu_peak(cache_file: str | None = None, n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of the best of `repeats` jitted float32 n×n matmuls on the first CPU device.
 
-    With `run_dir`, the result is cached in `<run_dir>/cpu_peak.json` and read back if there.
+    With `cache_file` (per machine: stack.cache.machine_file), the result is read back from it
+    if it is there, else written to it (an unwritable cache only costs the probe next time).
     """
-    path = os.path.join(run_dir, CPU_PEAK_FILE) if run_dir else None
-    if path and os.path.exists(path):
-        with open(path) as f:
+    if cache_file and os.path.exists(cache_file):
+        with open(cache_file) as f:
             return float(json.load(f)["flops_per_sec"])
     import jax
     import jax.numpy as jnp
@@ -67,22 +65,26 @@ def measure_cpu_peak(run_dir: str | None = None, n: int = 1024, repeats: int = 5
         mm(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     peak = 2 * n**3 / best
-    if path:
-        os.makedirs(run_dir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"flops_per_sec": peak, "n": n, "repeats": repeats, "seconds": best,
-                       "dtype": "float32", "cpu_count": os.cpu_count()}, f)
+    if cache_file:
+        try:
+            os.makedirs(os.path.dirname(cache_file) or ".", exist_ok=True)
+            with open(cache_file + ".tmp", "w") as f:
+                json.dump({"flops_per_sec": peak, "n": n, "repeats": repeats, "seconds": best,
+                           "dtype": "float32", "cpu_count": os.cpu_count()}, f)
+            os.replace(cache_file + ".tmp", cache_file)
+        except OSError:
+            pass
     return peak
 
 
-def peak_flops_per_device(hw_cfg: Any, run_dir: str | None = None) -> float:
+def peak_flops_per_device(hw_cfg: Any, cache_file: str | None = None) -> float:
     """The published peak of one chip, or for `peak_flops_per_chip: null` the measured CPU
     peak divided by the number of CPU devices (fake devices share the host's cores)."""
     if hw_cfg.peak_flops_per_chip is not None:
         return float(hw_cfg.peak_flops_per_chip)
     import jax
 
-    return measure_cpu_peak(run_dir) / len(jax.devices("cpu"))
+    return measure_cpu_peak(cache_file) / len(jax.devices("cpu"))
 
 
 def _describe(devices: list) -> str:

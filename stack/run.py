@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from stack.build import build
+from stack.cache import enable_compilation_cache
 from stack.errors import ConfigError, RunFailed
 from stack.rundir import owned
 from stack.schema import objective_of
@@ -83,6 +84,7 @@ def run(cfg: DictConfig) -> Any:
     """Run `cfg` per its `mode`; for training return the objective (`trainer.objective`)."""
     if cfg.mode == "validate":
         return check(cfg)
+    enable_compilation_cache(cfg.trainer.compilation_cache)
     if cfg.mode == "compile":
         from stack.compile import compile_for_target  # jax[tpu] (libtpu) is needed only here
 

@@ -14,6 +14,8 @@ class TrainerConfig:
     # the metric a multirun job returns to the sweeper; null: the algorithm's (eval/loss, GRPO: eval/reward)
     objective: Optional[str] = None
     nan_policy: str = "stop"  # stop | ignore
+    # XLA's persistent compilation cache: auto (<user cache>/stack/jax, stack/cache.py), off, or a dir
+    compilation_cache: Optional[str] = "auto"
     profile: Optional[List[int]] = None  # [START, STOP]: a jax.profiler trace of those steps in <run_dir>/profile
 
 

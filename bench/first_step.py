@@ -1,0 +1,51 @@
+"""Time to first step: a cold run (empty compilation cache) vs a rerun of the same command
+(every program loaded from the persistent cache, `trainer.compilation_cache`).
+
+    python bench/first_step.py [--trials 3]
+
+Each trial runs `python -m stack +recipe=llama_sft trainer.steps=2` twice in fresh processes
+against a new cache dir: cold, then warm. Printed: the medians of the run's own compile
+seconds (start of the loop -> first step done) and of the process wall time, and warm/cold
+ratios (goal for compile: <= 0.2, i.e. >= 5x faster).
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RUN = ["+recipe=llama_sft", "checkpoint=none", "trainer.steps=2", "trainer.eval_batches=1", "logger=jsonl"]
+
+
+def one_run(cache: str, run_dir: str) -> tuple[float, float]:
+    """(compile seconds the run reports, process wall seconds)."""
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": "", "STACK_CACHE_DIR": os.path.dirname(cache)}
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "stack", *RUN, f"trainer.compilation_cache={cache}",
+                          f"run_dir={run_dir}"], capture_output=True, text=True, env=env, check=True).stdout
+    wall = time.perf_counter() - start
+    return float(re.search(r"\(compile ([\d.]+)s\)", out).group(1)), wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+    cold, warm = [], []
+    for _ in range(args.trials):
+        root = tempfile.mkdtemp()
+        cache = os.path.join(root, "jax")
+        cold.append(one_run(cache, os.path.join(root, "cold")))
+        warm.append(one_run(cache, os.path.join(root, "warm")))
+    med = lambda runs, i: statistics.median(r[i] for r in runs)  # noqa: E731
+    print(f"compile: cold {med(cold, 0):.2f}s, warm {med(warm, 0):.2f}s, ratio {med(warm, 0) / med(cold, 0):.2f} "
+          f"(goal <= 0.2)")
+    print(f"process wall: cold {med(cold, 1):.2f}s, warm {med(warm, 1):.2f}s, ratio {med(warm, 1) / med(cold, 1):.2f}")
+
+
+if __name__ == "__main__":
+    main()
