@@ -15,6 +15,8 @@ half the chat format.
   model to have learned addition first, which takes it thousands of steps.)
 - copy_{train,eval}.jsonl: the chosen side of each preference pair as an SFT record, the
   reward model recipe's warm start (a trunk that can copy, as RMs start from an SFT model)
+- rm_train.jsonl: 10,000 more copy pairs (prefs_eval held out), the reward model's training set:
+  with 2,000 pairs an RM memorises them before it learns to compare (0.76 held-out accuracy)
 """
 
 import json
@@ -104,6 +106,7 @@ if __name__ == "__main__":
     write_jsonl("prefs_train.jsonl", train)
     write_jsonl("copy_train.jsonl", [copy_sft(p) for p in train])
     write_jsonl("copy_eval.jsonl", [copy_sft(p) for p in evals])
+    write_jsonl("rm_train.jsonl", preferences(10000, seed=7, exclude=held_out))
     prompt_evals = records(prompt, "eval", 256, seed=5)
     write_jsonl("prompts_eval.jsonl", prompt_evals)
     asked = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in prompt_evals}
