@@ -76,7 +76,9 @@ def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedu
 
 def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | None,
                wandb_id: str | None = None) -> tuple[Sink, ...]:
-    """Loggers from the `logger` group (metrics.jsonl, console, wandb)."""
+    """Loggers from the `logger` group (metrics.jsonl, console, wandb); process 0's only."""
+    if jax.process_index() != 0:
+        return ()
     log = cfg.logger
     sinks: list[Sink] = [ConsoleSink(cfg.trainer.steps, progress=log.progress)]
     if log.jsonl:

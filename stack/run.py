@@ -2,6 +2,7 @@
 
 import math
 import os
+from contextlib import nullcontext
 import signal
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from stack.build import build
 from stack.cache import enable_compilation_cache
 from stack.errors import ConfigError, RunFailed
+from stack.launcher import init_distributed
 from stack.rundir import owned
 from stack.schema import objective_of
 from stack.summary import Summary
@@ -61,13 +63,14 @@ def train_run(cfg: DictConfig) -> Summary:
     run_dir = cfg.run_dir or output_dir
     if not run_dir:
         raise ConfigError("'run_dir' is not set and no Hydra output dir exists; set run_dir=PATH.")
-    with owned(run_dir):
+    with owned(run_dir) if jax.process_index() == 0 else nullcontext():  # one owner: process 0
         return _train_in(warm_start(cfg, run_dir, train_run), run_dir, group, name)
 
 
 def _train_in(cfg: DictConfig, run_dir: str, group: str | None, name: str | None) -> Summary:
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    if jax.process_index() == 0:
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            f.write(OmegaConf.to_yaml(cfg, resolve=True))
     exp = build(cfg, run_dir, group=group, name=name)
     summary = None
     try:
@@ -84,6 +87,7 @@ def run(cfg: DictConfig) -> Any:
     """Run `cfg` per its `mode`; for training return the objective (`trainer.objective`)."""
     if cfg.mode == "validate":
         return check(cfg)
+    init_distributed()  # a launcher=local rank: join the other processes before any computation
     enable_compilation_cache(cfg.trainer.compilation_cache)
     if cfg.mode == "compile":
         from stack.compile import compile_for_target  # jax[tpu] (libtpu) is needed only here

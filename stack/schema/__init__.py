@@ -15,6 +15,7 @@ from stack.schema.algorithm import AlgorithmConfig, DPOConfig, GRPOConfig, SFTCo
 from stack.schema.checkpoint import CheckpointConfig, TierConfig
 from stack.schema.data import DataConfig
 from stack.schema.hardware import HardwareConfig
+from stack.schema.launcher import LauncherConfig
 from stack.schema.logger import LoggerConfig
 from stack.schema.mesh import MeshConfig
 from stack.schema.model import ModelConfig, RopeScalingConfig
@@ -35,6 +36,7 @@ GROUP_SCHEMAS = {
     "algorithm": AlgorithmConfig,  # each option has its own subclass: schema/algorithm/<name>
     "reward": RewardConfig,
     "logger": LoggerConfig,
+    "launcher": LauncherConfig,
 }
 GROUPS = tuple(GROUP_SCHEMAS)
 
@@ -98,7 +100,7 @@ register()
 
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "Config", "DataConfig", "GROUPS", "GROUP_SCHEMAS",
-    "HardwareConfig", "LoggerConfig", "MeshConfig", "ModelConfig", "OptimizerConfig",
+    "HardwareConfig", "LauncherConfig", "LoggerConfig", "MeshConfig", "ModelConfig", "OptimizerConfig",
     "QuantizationConfig", "RewardConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "GRPOConfig",
     "PPOConfig", "RMConfig", "TierConfig", "TrainerConfig", "register",
     "mesh_axis_size", "recipe_files", "shipped_data", "topology_chips",

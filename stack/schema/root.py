@@ -39,6 +39,7 @@ class Config:
     algorithm: Any = None
     reward: Any = None
     logger: Any = None
+    launcher: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     seed: int = 0

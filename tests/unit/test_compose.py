@@ -20,9 +20,9 @@ OPTIONS = [
 ]
 
 
-def test_all_ten_groups_have_options():
+def test_all_eleven_groups_have_options():
     assert set(GROUPS) == {"model", "mesh", "optimizer", "quantization", "data", "checkpoint",
-                           "hardware", "algorithm", "reward", "logger"}
+                           "hardware", "algorithm", "reward", "logger", "launcher"}
     for group in GROUPS:
         assert any(g == group for g, _ in OPTIONS), f"group {group} has no option"
 

@@ -1,0 +1,92 @@
+"""`launcher=local`: N JAX processes of the same command on this machine, over loopback.
+
+The launcher picks a free coordinator port and a run dir, then starts `python -m stack ARGS
+launcher=none` N times with STACK_COORDINATOR / STACK_NUM_PROCESSES / STACK_PROCESS_ID set;
+each process calls `jax.distributed.initialize` from them (`init_distributed`, stack.run)
+before any computation, so the mesh spans every process's devices. Rank 0 writes to this
+console, rank i to `<run_dir>/rank<i>.log`. When a rank fails, the others are stopped
+(SIGTERM, then SIGKILL after `launcher.grace_seconds`); the exit code is the worst rank's.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+ENV = ("STACK_COORDINATOR", "STACK_NUM_PROCESSES", "STACK_PROCESS_ID")
+
+
+def init_distributed() -> None:
+    """`jax.distributed.initialize` from the launcher's environment (a no-op without it)."""
+    if not os.environ.get("STACK_COORDINATOR"):
+        return
+    import jax
+
+    jax.distributed.initialize(os.environ["STACK_COORDINATOR"], num_processes=int(os.environ["STACK_NUM_PROCESSES"]),
+                               process_id=int(os.environ["STACK_PROCESS_ID"]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_command(argv: list[str], run_dir: str) -> list[str]:
+    """The command every rank runs: the user's arguments, one run dir, no launcher."""
+    return [sys.executable, "-m", "stack", *argv, f"run_dir={run_dir}", "launcher=none",
+            f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+
+
+def start(launcher: Any, argv: list[str], run_dir: str) -> list[subprocess.Popen]:
+    """The N rank processes (rank 0 on this console, the others into rank<i>.log)."""
+    port = launcher.port or free_port()
+    os.makedirs(run_dir, exist_ok=True)
+    procs = []
+    for rank in range(launcher.num_processes):
+        env = {**os.environ, "STACK_COORDINATOR": f"127.0.0.1:{port}",
+               "STACK_NUM_PROCESSES": str(launcher.num_processes), "STACK_PROCESS_ID": str(rank)}
+        out = None if rank == 0 else open(os.path.join(run_dir, f"rank{rank}.log"), "w")
+        procs.append(subprocess.Popen(rank_command(argv, run_dir), env=env, stdout=out,
+                                      stderr=subprocess.STDOUT if out else None))
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen], grace: float) -> int:
+    """Wait for every rank; once one fails, stop the rest. The worst exit code (0 if all ok)."""
+    while any(p.poll() is None for p in procs):
+        if any(p.returncode not in (None, 0) for p in procs):
+            stop(procs, grace)
+            break
+        time.sleep(0.2)
+    codes = [p.wait() for p in procs]
+    return max(codes, key=lambda c: (c != 0, abs(c)))
+
+
+def stop(procs: list[subprocess.Popen], grace: float) -> None:
+    """SIGTERM the live ranks, SIGKILL those still alive after `grace` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+
+
+def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
+    """Run the N ranks to the end; Ctrl-C stops them all. The exit code of the job."""
+    procs = start(launcher, argv, run_dir)
+    try:
+        code = wait_all(procs, launcher.grace_seconds)
+    except KeyboardInterrupt:
+        stop(procs, launcher.grace_seconds)
+        raise
+    print(f"launcher=local: {len(procs)} processes exited with {[p.returncode for p in procs]} ({run_dir})",
+          file=sys.stderr)
+    return code

@@ -1,0 +1,63 @@
+"""`launcher=local`: 2 JAX processes × 4 fake CPU devices over loopback (jax.distributed) train
+like 1 process × 8 devices, step for step, for SFT and DPO; process 0 alone logs; a 2-process
+run killed with -9 resumes to the uninterrupted losses."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import fake_devices, read_metrics, run_cli
+from tests.conftest import train_losses as losses
+
+COMMON = ["mesh=dp", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl"]
+RUNS = {"sft": ["+recipe=llama_sft", "checkpoint=none", "trainer.steps=6"],
+        "dpo": ["+recipe=llama_dpo", "checkpoint=none", "trainer.steps=6", "data.batch_size=16"]}
+LOCAL = ["launcher=local", "launcher.num_processes=2"]
+
+
+def assert_same_losses(a, b) -> None:
+    assert list(a) == list(b)
+    assert list(a.values()) == pytest.approx(list(b.values()), rel=1e-5)  # summation order differs only
+
+
+@pytest.mark.parametrize("algorithm", sorted(RUNS))
+def test_two_processes_train_like_one(algorithm, tmp_path):
+    args = RUNS[algorithm] + COMMON
+    one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two"], str(tmp_path), env=fake_devices(4))
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 processes exited with [0, 0]" in two.stderr
+    assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
+    evals = [r["eval/loss"] for r in read_metrics(tmp_path / "two") if "eval/loss" in r]
+    assert len(evals) == 2  # one writer: process 0 (rank 1's output is its log)
+    assert "done: 6 steps" in (tmp_path / "two" / "rank1.log").read_text()
+
+
+def test_a_killed_two_process_run_resumes(tmp_path):
+    args = RUNS["sft"][:1] + COMMON + ["trainer.steps=12", "checkpoint=local", "checkpoint.every=3"]
+    ref = run_cli(args + [f"run_dir={tmp_path}/ref"], str(tmp_path), env=fake_devices(8))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run_dir, env = tmp_path / "run", {**fake_devices(4), "WANDB_SILENT": "true"}
+    proc = subprocess.Popen([sys.executable, "-m", "stack", *args, *LOCAL, f"run_dir={run_dir}"], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while not any(r.get("step", 0) >= 7 for r in (read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists()
+                                                 else [])):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks: no handler runs
+    proc.wait()
+    assert len(losses(run_dir)) < 12
+    res = run_cli(args + LOCAL + [f"run_dir={run_dir}"], str(tmp_path), env=fake_devices(4))
+    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
+    assert_same_losses(losses(run_dir), losses(tmp_path / "ref"))
+
+
+def test_a_sweep_with_a_local_launcher_is_refused(tmp_path):
+    res = run_cli(["-m", "seed=0,1", *LOCAL], str(tmp_path))
+    assert res.returncode == 2 and "not a sweep (-m)" in res.stderr
