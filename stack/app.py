@@ -7,7 +7,6 @@ paragraph; `HYDRA_FULL_ERROR=1` shows the full traceback instead.
 import os
 import re
 import sys
-import time
 import traceback
 from typing import Any
 
@@ -23,7 +22,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
-from stack.launcher import launch_local
+from stack.launcher import launcher_for
 from stack.rundir import creatable
 from stack.validate import validate
 
@@ -178,14 +177,6 @@ def hydra_task(cfg: DictConfig) -> Any:
         return None
 
 
-def launch_dir(cfg: DictConfig, argv: list[str]) -> str:
-    """The one run dir of a `launcher=local` job (`run_dir`, else outputs/<date>/<time>)."""
-    if "-m" in argv or "--multirun" in argv:
-        raise ConfigError(f"'launcher'={cfg.launcher.name!r} runs one job on several processes, not a sweep (-m): "
-                          "run each job of the sweep with its own command, or drop launcher= for a sweep.")
-    return cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
-
-
 def main() -> None:
     """`python -m stack [overrides]`: preflight, then hand over to Hydra. Ctrl-C anywhere ends
     the process with one line and exit code 130 (in the loop, after the save it triggers)."""
@@ -201,16 +192,14 @@ def main() -> None:
 def _checked_and_run() -> None:
     try:
         cfg = preflight(sys.argv[1:])
-        launcher = cfg.launcher if cfg is not None and cfg.launcher.name != "none" else None
-        if launcher is not None:
-            run_dir = launch_dir(cfg, sys.argv[1:])
+        launch = launcher_for(cfg, sys.argv[1:]) if cfg is not None else None
     except ConfigError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if launcher is not None:
-        sys.exit(launch_local(launcher, sys.argv[1:], run_dir))
+    if launch is not None:  # launcher=local / tpu_pod / xpk: this process only starts the job
+        sys.exit(launch())
     hydra_task()
     if FAILED_JOBS:
         print(f"{len(FAILED_JOBS)} job(s) failed:\n  " + "\n  ".join(FAILED_JOBS), file=sys.stderr)

@@ -14,13 +14,24 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
+
+from stack.errors import ConfigError
+from stack.launch_cloud import cloud_command, launch_cloud
 
 ENV = ("STACK_COORDINATOR", "STACK_NUM_PROCESSES", "STACK_PROCESS_ID")
 
 
 def init_distributed() -> None:
-    """`jax.distributed.initialize` from the launcher's environment (a no-op without it)."""
+    """`jax.distributed.initialize` from the launcher's environment (a no-op without it):
+    STACK_DISTRIBUTED=auto (tpu_pod, xpk) lets jax find the cluster; launcher=local sets STACK_*."""
+    if os.environ.get("STACK_DISTRIBUTED") == "auto":
+        import jax
+
+        jax.distributed.initialize()
+        return
     if not os.environ.get("STACK_COORDINATOR"):
         return
     import jax
@@ -90,3 +101,19 @@ def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
     print(f"launcher=local: {len(procs)} processes exited with {[p.returncode for p in procs]} ({run_dir})",
           file=sys.stderr)
     return code
+
+
+def launcher_for(cfg: Any, argv: list[str]) -> Callable[[], int] | None:
+    """What runs the job `argv` (a zero-argument call returning its exit code), or None when
+    this process runs it (launcher=none). Raises ConfigError for a launcher that cannot start."""
+    launcher = cfg.launcher
+    if launcher.name == "none":
+        return None
+    if launcher.name in ("tpu_pod", "xpk"):
+        cloud_command(launcher, argv)  # its ConfigError now, before anything starts
+        return partial(launch_cloud, launcher, argv)
+    if "-m" in argv or "--multirun" in argv:
+        raise ConfigError("'launcher'='local' runs one job on several processes, not a sweep (-m): "
+                          "run each job of the sweep with its own command, or drop launcher= for a sweep.")
+    run_dir = cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
+    return partial(launch_local, launcher, argv, run_dir)
