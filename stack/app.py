@@ -23,6 +23,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
 from stack.launcher import launcher_for
+from stack.models.hf_config import take_architecture
 from stack.rundir import creatable
 from stack.validate import validate
 
@@ -138,6 +139,7 @@ def preflight(argv: list[str]) -> DictConfig | None:
         for overrides in _override_sets(args.overrides):
             try:
                 job_cfg = compose(config_name=args.config_name or "config", overrides=overrides)
+                take_architecture(job_cfg, overrides)
                 validate(job_cfg)  # reads every value: a bad interpolation fails here
             except (ConfigCompositionException, OmegaConfBaseException, AssertionError, TypeError, ValueError,
                     OSError) as exc:
@@ -149,6 +151,7 @@ def preflight(argv: list[str]) -> DictConfig | None:
 
 
 def _run(cfg: DictConfig) -> Any:
+    take_architecture(cfg, list(HydraConfig.get().overrides.task))
     validate(cfg)
     from stack.run import run  # jax is imported only here, after validation
 

@@ -26,7 +26,8 @@ def load(path: str):
     from stack.schema.model import ModelConfig
 
     if os.path.isfile(os.path.join(path, "config.json")):
-        from stack.models.hf import hf_config_to_model, load_hf_weights
+        from stack.models.hf import load_hf_weights
+        from stack.models.hf_config import hf_config_to_model
         from stack.models.llama import abstract_model
 
         with open(os.path.join(path, "config.json")) as f:

@@ -84,7 +84,7 @@ class Parts:
 
 def split_models(exp: Any) -> Parts:
     """Run the algorithm's `setup` on the policy and split the modules into states."""
-    setup = exp.algorithm.setup(exp.model, Context(exp.quant, exp.tokenizer, exp.rewards, exp.cfg.seed))
+    setup = exp.algorithm.setup(exp.model, Context(exp.quant, exp.tokenizer, exp.rewards, exp.cfg.seed, exp.cfg.model))
     graphdef, params, rest = nnx.split(Models(policy=exp.model, **setup.trained),
                                        trained_filter(exp.quant.trainable), ...)
     frozen_graphdef, frozen = nnx.split(Models(**setup.frozen)) if setup.frozen else (None, None)

@@ -21,6 +21,7 @@ CHOICES = {
     "trainer.nan_policy": ("stop", "ignore"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
+    "model.rope_scaling.type": ("default", "llama3"),
     "checkpoint.name": ("none", "local", "persistent", "multi_tier"),
     "hardware.platform": ("cpu", "gpu", "tpu"),
 }
@@ -37,6 +38,9 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"The '{group}' group has no option (was it deleted with ~{group}?); every run needs "
                               f"one: choose it with {group}=NAME (python -m stack --info defaults lists them).")
     _check_schema_keys(cfg, "")
+    if cfg.model.name == "hf" and cfg.model.path is None:
+        raise ConfigError("'model.path' is required: model=hf reads the architecture and weights from a local Hugging "
+                          "Face Llama directory (model.path=/models/Llama-3.2-1B, holding config.json).")
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
@@ -56,6 +60,7 @@ def validate(cfg: DictConfig) -> None:
             f"'model.d_model'={m.d_model} is not divisible by 'model.n_heads'={m.n_heads}; "
             "set 'model.head_dim' explicitly or pick sizes that divide."
         )
+    _check_rope(m.rope_scaling)
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
     _check_profile(cfg.trainer.profile, cfg.trainer.steps)
@@ -64,6 +69,16 @@ def validate(cfg: DictConfig) -> None:
     _check_algorithm(cfg)
     _check_reward(cfg)
     check_targets(cfg, tuple(cfg.allow_targets), objects=False)  # build() judges the objects
+
+
+def _check_rope(s: DictConfig) -> None:
+    """llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a positive
+    original context (transformers divides by high - low)."""
+    if s.type == "llama3" and not (s.factor >= 1 and 0 < s.low_freq_factor < s.high_freq_factor
+                                   and s.original_max_position_embeddings > 0):
+        raise ConfigError(
+            f"'model.rope_scaling'={OmegaConf.to_container(s)} is not a valid llama3 scaling: it needs factor >= 1, "
+            "0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0.")
 
 
 def _check_reward(cfg: DictConfig) -> None:

@@ -67,6 +67,7 @@ class Context:
     tokenizer: Any = None  # stack.data.tokenizers: decodes completions for host scoring
     rewards: Any = None  # the `reward` group's scorer, for algorithms that score on the host
     seed: int = 0  # the run's seed (e.g. a new head's initial weights)
+    model: Any = None  # the `model` group's config (a `hf:DIR` reference is checked against it)
 
 
 @dataclass(frozen=True)

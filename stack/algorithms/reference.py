@@ -1,5 +1,6 @@
 """The frozen reference of an algorithm (DPO, GRPO's KL, PPO): a copy of the initial policy,
-the params of another stack run (`init_from`), or, when the quantization provider has a base
+the params of another stack run or of a Hugging Face Llama dir (`init_from`: RUN/checkpoints or
+hf:DIR, checked against the model config like `model.init_from`), or, when the quantization provider has a base
 view (LoRA: adapters off), the policy itself seen without its adapters: no second copy."""
 
 from typing import Any, Callable
@@ -25,11 +26,25 @@ class Reference:
             return {}
         reference = copy_module(policy)
         if self.init_from and not is_abstract(policy):  # mode=compile: shapes only
-            from stack.checkpoint import load_params
-
-            load_params(reference, self.init_from)
+            _load(reference, self.init_from, ctx.model)
         return {"reference": reference}
 
     def model(self, models: Any, frozen: Any) -> nnx.Module:
         """The reference model inside a jitted function: the frozen copy, or the base view."""
         return self._base_view(models.policy) if self._base_view is not None else frozen.reference
+
+
+def _load(reference: nnx.Module, init_from: str, model_cfg: Any) -> None:
+    """`init_from`'s params into `reference`: hf:DIR (its config.json must match `model_cfg`) or a
+    stack run's checkpoints dir."""
+    if init_from.startswith("hf:"):
+        from stack.models.hf import load_hf_weights
+
+        if model_cfg is None:
+            raise ConfigError(f"'algorithm.reference.init_from'={init_from!r}: a Hugging Face reference needs the "
+                              "run's model config to check config.json against.")
+        load_hf_weights(reference, model_cfg, init_from)
+    else:
+        from stack.checkpoint import load_params
+
+        load_params(reference, init_from)

@@ -1,15 +1,12 @@
-"""Hugging Face Llama interop: `config.json` <-> ModelConfig, safetensors <-> NNX params.
+"""Hugging Face Llama interop: safetensors <-> NNX params (config.json: stack.models.hf_config).
 
 HF's `LlamaForCausalLM` uses the same rotate-half RoPE as `stack.models.llama`, so q/k need
 no permutation; torch `Linear.weight` is [out, in], our kernels are [in, out] (transposed).
-Reads both config styles: transformers<5 (`rope_theta`, `rope_scaling`) and >=5
-(`rope_parameters`); writes the current (>=5) one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from typing import Any
@@ -23,83 +20,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from stack.errors import ConfigError, bad_choice
+from stack.models.hf_config import check_config, hf_config, read_config
 
-# ModelConfig field -> config.json key (as named in error messages)
-HF_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-           "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-           "d_ff": "intermediate_size", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
-           "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings"}
-SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-
-
-def _check_llama(hf: dict) -> None:
-    """Reject configs of models other than a bias-free SiLU LlamaForCausalLM."""
-    archs = hf.get("architectures") or ["LlamaForCausalLM"]
-    if hf.get("model_type") != "llama" or archs != ["LlamaForCausalLM"]:
-        raise ConfigError(
-            f"config.json describes model_type={hf.get('model_type')!r}, architectures={archs}; "
-            "only Llama checkpoints (model_type 'llama', LlamaForCausalLM) can be used with this model.")
-    unsupported = {k: hf[k] for k, ok in (("attention_bias", False), ("mlp_bias", False),
-                                          ("hidden_act", "silu")) if hf.get(k, ok) != ok}
-    if unsupported:
-        raise ConfigError(f"config.json sets {unsupported}, which this Llama does not support "
-                          "(it has no biases and uses SiLU).")
-
-
-def hf_config_to_model(hf: dict) -> dict:
-    """The ModelConfig fields implied by a HF Llama `config.json` (head_dim None if derived)."""
-    _check_llama(hf)
-    try:
-        d, heads = hf["hidden_size"], hf["num_attention_heads"]
-        out = {"vocab_size": hf["vocab_size"], "d_model": d, "n_layers": hf["num_hidden_layers"],
-               "n_heads": heads, "n_kv_heads": hf.get("num_key_value_heads") or heads,
-               "d_ff": hf["intermediate_size"]}
-    except KeyError as e:
-        raise ConfigError(f"config.json has no {e.args[0]!r}, which a Llama config needs.") from None
-    rope = hf.get("rope_parameters") or {}  # transformers>=5: theta and scaling in one dict
-    scaling = hf.get("rope_scaling") or rope
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind not in ("default", "llama3"):
-        raise ConfigError(f"config.json rope_scaling type {kind!r} is not supported (only 'llama3').")
-    head_dim = hf.get("head_dim")
-    return {**out, "head_dim": None if head_dim in (None, d // heads) else head_dim,
-            "rope_theta": float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            "rope_scaling": {"type": "llama3", **{k: scaling[k] for k in SCALING_KEYS}}
-            if kind == "llama3" else None,
-            "max_seq_len": hf.get("max_position_embeddings", 2048),
-            "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
-            "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
-
-
-def _ours(cfg: Any) -> dict:
-    """`cfg`'s values of the fields in HF_KEYS, head_dim resolved, rope_scaling as a dict."""
-    out = {k: getattr(cfg, k) for k in HF_KEYS}
-    out["head_dim"] = cfg.head_dim or cfg.d_model // cfg.n_heads
-    s = cfg.rope_scaling
-    out["rope_scaling"] = None if s is None else {"type": s.type, **{k: getattr(s, k) for k in SCALING_KEYS}}
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, float) or isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-6)
-    return a == b
-
-
-def check_config(hf: dict, cfg: Any) -> None:
-    """Raise ConfigError listing every model.* value that disagrees with `config.json`."""
-    theirs = hf_config_to_model(hf)
-    theirs["head_dim"] = theirs["head_dim"] or theirs["d_model"] // theirs["n_heads"]
-    ours = _ours(cfg)
-    bad = [f"model.{k}={ours[k]} vs config.json {HF_KEYS[k]}={theirs[k]}"
-           for k in HF_KEYS if not _same(ours[k], theirs[k])]
-    if bad:
-        raise ConfigError("The Hugging Face checkpoint's config.json does not match the model "
-                          f"config: {'; '.join(bad)}. Set these model.* keys to the checkpoint's values.")
 
 
 def _hf_name(path: tuple) -> str:
@@ -176,12 +100,7 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
     written; each param keeps its dtype and sharding (an abstract model works too).
     """
     root = path.removeprefix("hf:")
-    try:
-        with open(os.path.join(root, "config.json")) as f:
-            hf = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read the Hugging Face config.json in {root!r}: {e}") from None
-    check_config(hf, cfg)
+    check_config(read_config(root), cfg)
     params = _params(model)
     try:
         for file, names in _check_tensors(root, cfg, params, _tensor_files(root)).items():
@@ -194,24 +113,6 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
     except SafetensorError as e:
         raise ConfigError(f"the safetensors weights in {root!r} cannot be read ({e}): the files are corrupt or "
                           "truncated; re-download or re-export them.") from None
-
-
-def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,
-              eos_token_id: int | None = None, pad_token_id: int | None = None) -> dict:
-    """`config.json` of a LlamaForCausalLM equal to the model described by `cfg`, in the form
-    transformers 5 writes itself (`LlamaForCausalLM.save_pretrained`): every key it writes, sorted,
-    `rope_parameters` holding theta and scaling, `dtype`; all but its `transformers_version`."""
-    ours = _ours(cfg)
-    rope = {"rope_theta": float(ours["rope_theta"]), "rope_type": "default"}
-    if ours["rope_scaling"] is not None:
-        rope |= {"rope_type": "llama3", **{k: ours["rope_scaling"][k] for k in SCALING_KEYS}}
-    hf = {HF_KEYS[k]: v for k, v in ours.items() if k not in ("rope_theta", "rope_scaling")}
-    hf |= {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-           "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
-           "use_cache": True, "max_position_embeddings": cfg.max_seq_len, "initializer_range": cfg.init_std,
-           "dtype": dtype, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
-           "pad_token_id": pad_token_id, "rope_parameters": dict(sorted(rope.items()))}
-    return dict(sorted(hf.items()))
 
 
 def export_hf(model: nnx.Module, cfg: Any, out_dir: str, tokenizer_dir: str | None = None,

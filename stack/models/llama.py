@@ -31,9 +31,9 @@ Array = jax.Array
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Any] = None) -> np.ndarray:
-    """RoPE inverse frequencies [head_dim // 2] (float32), with HF's llama3 scaling if given."""
+    """RoPE inverse frequencies [head_dim // 2] (float32); HF's llama3 scaling unless None / default."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    if scaling is None:
+    if scaling is None or scaling.type == "default":
         return inv_freq.astype(np.float32)
     if scaling.type != "llama3":
         raise ValueError(f"unsupported rope_scaling.type {scaling.type!r} (only 'llama3')")

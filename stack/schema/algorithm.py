@@ -41,7 +41,8 @@ class SFTConfig(AlgorithmConfig):
 
 @dataclass
 class ReferenceConfig:
-    # None: the initial policy (with LoRA: the base model with adapters off); else a checkpoints dir
+    # None: the initial policy (with LoRA: the base model with adapters off); else a run's
+    # checkpoints dir or hf:DIR (a local Hugging Face Llama)
     init_from: Optional[str] = None
 
 

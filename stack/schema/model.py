@@ -1,14 +1,16 @@
 """Schema of the `model` group: a Llama-family decoder's shape and numerics."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 
 @dataclass
 class RopeScalingConfig:
-    """Llama-3 RoPE frequency scaling (as in Llama 3.1+ `rope_scaling`)."""
+    """RoPE frequency scaling, HF's `rope_parameters`: `type` default (none) or llama3 (Llama 3.1+,
+    transformers' `_compute_llama3_parameters`); the other fields are read for llama3 only.
+    From the command line: `model.rope_scaling.type=llama3 model.rope_scaling.factor=32`."""
 
-    type: str = "llama3"
+    type: str = "default"  # default | llama3
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -26,7 +28,7 @@ class ModelConfig:
     head_dim: Optional[int] = None  # None: d_model // n_heads
     d_ff: int = 176
     rope_theta: float = 10000.0
-    rope_scaling: Optional[RopeScalingConfig] = None
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     max_seq_len: int = 2048
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
@@ -34,3 +36,4 @@ class ModelConfig:
     param_dtype: str = "float32"
     init_std: float = 0.02
     init_from: Optional[str] = None  # hf:DIR (a local HF Llama) or a run's checkpoints dir
+    path: Optional[str] = None  # model=hf: the local HF Llama dir whose config.json gives the architecture

@@ -29,7 +29,7 @@ def test_all_eleven_groups_have_options():
 
 # options with a key the user must set (the error names it)
 REQUIRED = {("checkpoint", "persistent"): "checkpoint.path", ("checkpoint", "multi_tier"): "checkpoint.persistent.path",
-            ("reward", "model"): "reward.init_from"}
+            ("reward", "model"): "reward.init_from", ("model", "hf"): "model.path"}
 # options that need a partner from another group (the error without it names the mismatch)
 PARTNER = {("algorithm", "dpo"): "data=jsonl_prefs", ("data", "jsonl_prefs"): "algorithm=dpo",
            ("algorithm", "grpo"): "data=jsonl_prompts", ("data", "jsonl_prompts"): "algorithm=grpo",

@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch", reason="HF interop tests need torch (CPU)")
 
 from safetensors.numpy import load_file, save_file  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
-from stack.models.hf import check_config, export_hf, hf_config_to_model, load_hf_weights  # noqa: E402
+from stack.models.hf import export_hf, load_hf_weights  # noqa: E402
+from stack.models.hf_config import check_config, hf_config_to_model  # noqa: E402
 from stack.models.llama import abstract_model  # noqa: E402
 from stack.schema.model import ModelConfig, RopeScalingConfig  # noqa: E402
 from tests.conftest import fake_devices  # noqa: E402
@@ -43,8 +44,8 @@ def hf_model(tie: bool = False, rope_scaling: dict | None = None):
 
 
 def our_cfg(tie: bool = False, rope_scaling: dict | None = None, **kw) -> ModelConfig:
-    scaling = None if rope_scaling is None else RopeScalingConfig(
-        **{k: v for k, v in rope_scaling.items() if k != "rope_type"})
+    scaling = RopeScalingConfig() if rope_scaling is None else RopeScalingConfig(
+        type="llama3", **{k: v for k, v in rope_scaling.items() if k != "rope_type"})
     base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=80,
                 rope_theta=10000.0, rope_scaling=scaling, max_seq_len=256, norm_eps=1e-5,
                 tie_embeddings=tie)
@@ -178,7 +179,7 @@ def test_config_both_transformers_styles():
     del new["rope_parameters"]["type"]
     assert hf_config_to_model(new) == want
     new["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    assert hf_config_to_model(new) | {"rope_theta": 500000.0} == want | {"rope_scaling": None}
+    assert hf_config_to_model(new) | {"rope_theta": 500000.0} == want | {"rope_scaling": {"type": "default"}}
 
 
 @pytest.fixture
@@ -192,8 +193,8 @@ def test_config_mismatch_names_every_key(saved):
     with pytest.raises(ConfigError) as err:
         load_hf_weights(abstract_model(cfg), cfg, str(saved))
     msg = str(err.value)
-    assert "model.n_layers=3 vs config.json num_hidden_layers=2" in msg
-    assert "model.d_ff=96 vs config.json intermediate_size=80" in msg
+    rows = {line.split()[0]: line.split()[1:] for line in msg.splitlines()[2:-1]}
+    assert rows == {"model.n_layers": ["3", "num_hidden_layers=2"], "model.d_ff": ["96", "intermediate_size=80"]}
 
 
 def test_rejects_non_llama(saved):

@@ -150,7 +150,7 @@ def test_init_model():
 # ---------------------------------------------------------------- RoPE
 @pytest.mark.parametrize("factor,theta", [(8.0, 500000.0), (32.0, 500000.0)])
 def test_llama3_scaled_inv_freq(factor, theta):
-    scaling = RopeScalingConfig(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
+    scaling = RopeScalingConfig(type="llama3", factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
                                 original_max_position_embeddings=8192)
     got = rope_inv_freq(128, theta, scaling)
     want = meta_llama3_inv_freq(128, theta, factor, 1.0, 4.0, 8192)
@@ -177,7 +177,7 @@ def test_unscaled_rope_matches_numpy():
 # ---------------------------------------------------------------- full forward
 @pytest.mark.parametrize("tied,scaled", [(False, False), (True, True)])
 def test_forward_matches_numpy(tied, scaled):
-    scaling = RopeScalingConfig(factor=4.0, original_max_position_embeddings=32) if scaled else None
+    scaling = RopeScalingConfig(type="llama3", factor=4.0, original_max_position_embeddings=32) if scaled else None
     cfg = tiny_cfg(tie_embeddings=tied, rope_scaling=scaling)
     model = randomized(cfg)
     hd = cfg.d_model // cfg.n_heads
