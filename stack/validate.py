@@ -16,7 +16,7 @@ CHOICES = {
     "data.source": ("synthetic", "jsonl", "parquet", "arrayrecord", "hf_disk"),
     "data.kind": ("text", "sft", "preference", "prompt"),
     "data.truncation": ("keep_start", "keep_end", "error"),
-    "data.chat_template": ("simple", "chatml", "llama3"),
+    "data.chat_template": ("simple", "chatml", "llama3", "tokenizer"),
     "logger.mode": ("offline", "online", "disabled"),
     "trainer.nan_policy": ("stop", "ignore"),
     "model.dtype": ("float32", "bfloat16", "float16"),
@@ -123,6 +123,10 @@ def _check_data(d: DictConfig) -> None:
         if value is not None and not isinstance(value, str) and not (
                 isinstance(value, ListConfig) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"'data.{key}'={value!r}: expected a path, a glob pattern or a list of them.")
+    if d.chat_template == "tokenizer" and d.tokenizer == "byte":
+        raise ConfigError("'data.chat_template'=tokenizer renders messages with the tokenizer's own Jinja template, "
+                          "but 'data.tokenizer'=byte (built in) has none: set data.tokenizer=DIR (a Hugging Face "
+                          "tokenizer dir with a chat template) or pick simple, chatml or llama3.")
     if d.packing and d.kind not in ("text", "sft"):
         raise ConfigError(
             f"'data.packing'=true works for data.kind text and sft, not {d.kind!r} "

@@ -1,6 +1,8 @@
 """The Grain transform that turns a record into token rows of a fixed length.
 
-Rows hold `seq_len + 1` tokens: BOS, the record's pieces, EOS; `inputs` and `targets` are the
+Rows hold `seq_len + 1` tokens: BOS, the record's pieces, EOS (a conversation rendered by the
+tokenizer's own chat template holds its specials itself: nothing is added, and a tokenizer with
+offsets encodes the whole text at once, as transformers does); `inputs` and `targets` are the
 two shifted views. `loss_mask` is 1 where the target carries loss; `segment_ids` is 1 on
 real inputs and 0 on padding; `positions` count from 0. With `pack=True` text/sft rows are
 left unpadded for Grain's first-fit packer, which sets per-segment ids and positions.
@@ -18,6 +20,7 @@ import numpy as np
 
 from stack.data import records
 from stack.data.chat import TEMPLATES
+from stack.data.records import is_chat
 from stack.data.tokenizers import Tokenizer
 from stack.errors import DataError
 
@@ -33,10 +36,12 @@ class Encoder:
     min(1000, n_records)) were bad.
     """
 
-    def __init__(self, kind: str, tokenizer: Tokenizer, chat_template: str, seq_len: int,
+    def __init__(self, kind: str, tokenizer: Tokenizer, chat_template: Any, seq_len: int,
                  truncation: str, pack: bool = False, skip_bad: bool = False,
                  max_bad_fraction: float = 0.0, n_records: int = 1000):
-        self.kind, self.tok, self.template = kind, tokenizer, TEMPLATES[chat_template]
+        self.kind, self.tok = kind, tokenizer
+        # a built-in template's name, or a template object (stack.data.chat.make_template)
+        self.template = TEMPLATES[chat_template] if isinstance(chat_template, str) else chat_template
         self.seq_len, self.truncation, self.pack = seq_len, truncation, pack
         self.skip_bad, self.max_bad_fraction, self.window = skip_bad, max_bad_fraction, min(1000, n_records)
         self.seen = self.bad = 0
@@ -64,28 +69,26 @@ class Encoder:
 
     def encode(self, record: dict[str, Any], where: str) -> Row:
         """The row(s) of one record; raises DataError if it does not fit its kind."""
+        wrap = not (self.template.own_specials and is_chat(record))  # else the template wrote the specials
         if self.kind == "preference":
             chosen, rejected = records.preference_pieces(record, where, self.template)
-            rows = [self._row(*self._tokens(p, where), pad=True) for p in (chosen, rejected)]
+            rows = [self._row(*self._tokens(p, where, wrap=wrap), pad=True) for p in (chosen, rejected)]
             return {**{k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}, "margin": _margin(record, where)}
         if self.kind == "prompt":
             pieces, answer = records.prompt_pieces(record, where, self.template)
-            return self._prompt_row(pieces, answer, where)
+            return self._prompt_row(pieces, answer, where, wrap)
         pieces = (records.text_pieces(record, where) if self.kind == "text"
                   else records.sft_pieces(record, where, self.template))
-        return self._row(*self._tokens(pieces, where), pad=not self.pack)
+        return self._row(*self._tokens(pieces, where, wrap=wrap), pad=not self.pack)
 
-    def _tokens(self, pieces: records.Pieces, where: str, eos: bool = True) -> tuple[list[int], list[int]]:
-        """BOS + pieces (+ EOS) and their loss flags, truncated to a row (a prompt: seq_len)."""
-        ids, mask = [self.tok.bos_id], [0]
-        for text, loss in pieces:
-            piece = self.tok.encode(text)
-            ids += piece
-            mask += [int(loss)] * len(piece)
-        if eos:
-            ids.append(self.tok.eos_id)
-            mask.append(1)
-        n = self.seq_len + int(eos)
+    def _tokens(self, pieces: records.Pieces, where: str, eos: bool = True,
+                wrap: bool = True) -> tuple[list[int], list[int]]:
+        """BOS + pieces (+ EOS) and their loss flags (`wrap=False`: the pieces alone), truncated to
+        a row (a prompt: seq_len)."""
+        ids, mask = encode_pieces(self.tok, pieces, whole=not wrap)
+        if wrap:
+            ids, mask = [self.tok.bos_id] + ids + [self.tok.eos_id] * eos, [0] + mask + [1] * eos
+        n = self.seq_len + int(eos)  # a row: seq_len + 1 tokens; a prompt: seq_len
         if len(ids) > n:
             if self.truncation == "error":
                 raise DataError(
@@ -112,14 +115,34 @@ class Encoder:
             row["positions"] = np.arange(n - 1, dtype=np.int32)
         return row
 
-    def _prompt_row(self, pieces: records.Pieces, answer: str, where: str) -> Row:
-        ids, _ = self._tokens([(t, True) for t, _ in pieces], where, eos=False)
+    def _prompt_row(self, pieces: records.Pieces, answer: str, where: str, wrap: bool) -> Row:
+        ids, _ = self._tokens([(t, True) for t, _ in pieces], where, eos=False, wrap=wrap)
         pad = self.seq_len - len(ids)  # prompts are left-padded, ready for generation
         return {
             "prompt_ids": np.array([self.tok.pad_id] * pad + ids, np.int32),
             "prompt_mask": np.array([0] * pad + [1] * len(ids), np.int32),
             "answer": np.array(answer),
         }
+
+
+def encode_pieces(tok: Tokenizer, pieces: records.Pieces, whole: bool = False) -> tuple[list[int], list[int]]:
+    """Token ids of the pieces and a 0/1 loss flag per token. `whole`, with a tokenizer that gives
+    offsets: the joined text is encoded at once and a token carries loss when its characters
+    overlap a loss piece (transformers' assistant mask); else piece by piece."""
+    if whole and hasattr(tok, "encode_offsets"):
+        text = "".join(t for t, _ in pieces)
+        spans, pos = [], 0
+        for t, loss in pieces:
+            spans += [(pos, pos + len(t))] if loss else []
+            pos += len(t)
+        ids, offsets = tok.encode_offsets(text)
+        return ids, [int(any(a < e and s < b for s, e in spans)) for a, b in offsets]
+    ids, mask = [], []
+    for text, loss in pieces:
+        piece = tok.encode(text)
+        ids += piece
+        mask += [int(loss)] * len(piece)
+    return ids, mask
 
 
 def _margin(record: dict[str, Any], where: str) -> np.ndarray:

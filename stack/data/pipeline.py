@@ -17,6 +17,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from stack.data.chat import make_template
 from stack.data.encode import Encoder
 from stack.data.sources import FILE_SOURCES, arithmetic_problems, expand_paths, fraction_split
 from stack.data.tokenizers import Tokenizer
@@ -108,7 +109,8 @@ class Batches:
         pack = cfg.packing and cfg.kind in ("text", "sft")
         if cfg.kind == "prompt":  # sampling keys and reward columns need the record's index
             columns = {"index": np.arange(len(source), dtype=np.int32), **(columns or {})}
-        self._encoder = Encoder(cfg.kind, tokenizer, cfg.chat_template, cfg.seq_len, cfg.truncation,
+        template = make_template(cfg.chat_template, cfg.tokenizer)
+        self._encoder = Encoder(cfg.kind, tokenizer, template, cfg.seq_len, cfg.truncation,
                                 pack, cfg.skip_bad_records, cfg.max_bad_fraction, len(source))
         ds = grain.MapDataset.source(self._source)
         if columns:

@@ -14,7 +14,9 @@ A record that does not fit raises DataError naming its file and line (`_where`).
 
 from typing import Any
 
-from stack.data.chat import ChatTemplate, check_messages, render
+Template = Any  # stack.data.chat.ChatTemplate or stack.data.chat_jinja.JinjaTemplate: .render(messages, ...)
+
+from stack.data.chat import check_messages
 from stack.errors import DataError
 
 Pieces = list[tuple[str, bool]]
@@ -37,9 +39,9 @@ def text_pieces(record: dict[str, Any], where: str) -> Pieces:
     return [(_string(record, "text", where, "text"), True)]
 
 
-def sft_pieces(record: dict[str, Any], where: str, template: ChatTemplate) -> Pieces:
+def sft_pieces(record: dict[str, Any], where: str, template: Template) -> Pieces:
     if "messages" in record:
-        pieces = render(check_messages(record["messages"], where, "messages"), template)
+        pieces = template.render(check_messages(record["messages"], where, "messages"), where=where)
         if not any(loss for _, loss in pieces):
             raise DataError(f"{where}: 'messages' has no assistant turn to learn from.")
         return pieces
@@ -49,33 +51,42 @@ def sft_pieces(record: dict[str, Any], where: str, template: ChatTemplate) -> Pi
     return [(_string(record, "prompt", where, "sft"), False), (_string(record, "completion", where, "sft"), True)]
 
 
-def _prompt(record: dict[str, Any], where: str, template: ChatTemplate, generation_prompt: bool) -> Pieces:
+def _prompt(record: dict[str, Any], where: str, template: Template, generation_prompt: bool) -> Pieces:
     value = record.get("prompt")
     if isinstance(value, list):
-        return render(check_messages(value, where, "prompt"), template, generation_prompt)
+        return template.render(check_messages(value, where, "prompt"), generation_prompt, where)
     return [(_string(record, "prompt", where, "prompt"), False)]
 
 
-def preference_pieces(record: dict[str, Any], where: str, template: ChatTemplate) -> tuple[Pieces, Pieces]:
-    """(prompt + chosen, prompt + rejected) pieces; loss marks the completions."""
+def preference_pieces(record: dict[str, Any], where: str, template: Template) -> tuple[Pieces, Pieces]:
+    """(prompt + chosen, prompt + rejected) pieces; loss marks the completions. A conversational
+    pair renders as one conversation each (prompt messages + the completion's)."""
     chat = isinstance(record.get("prompt"), list)
-    prompt = _prompt(record, where, template, generation_prompt=False)
     out = []
     for field in ("chosen", "rejected"):
         value = record.get(field)
-        if isinstance(value, list):
-            completion = render(check_messages(value, where, field), template)
-            if any(m["role"] != "assistant" for m in value):
-                raise DataError(f"{where}: '{field}' may hold only assistant messages.")
-        elif chat and isinstance(value, str):
-            completion = render([{"role": "assistant", "content": value}], template)
+        if not (isinstance(value, list) or chat and isinstance(value, str)):
+            prompt = _prompt(record, where, template, generation_prompt=False)
+            out.append(prompt + [(_string(record, field, where, "preference"), True)])
+            continue
+        completion = check_messages(value, where, field) if isinstance(value, list) else [
+            {"role": "assistant", "content": value}]
+        if any(m["role"] != "assistant" for m in completion):
+            raise DataError(f"{where}: '{field}' may hold only assistant messages.")
+        if chat:
+            out.append(template.render(check_messages(record["prompt"], where, "prompt") + completion, where=where))
         else:
-            completion = [(_string(record, field, where, "preference"), True)]
-        out.append(prompt + completion)
+            prompt = [(_string(record, "prompt", where, "preference"), False)]
+            out.append(prompt + template.render(completion, where=where))
     return out[0], out[1]
 
 
-def prompt_pieces(record: dict[str, Any], where: str, template: ChatTemplate) -> tuple[Pieces, str]:
+def is_chat(record: dict[str, Any]) -> bool:
+    """Whether `record` is rendered by the chat template (any of its message fields is a list)."""
+    return any(isinstance(record.get(k), list) for k in ("messages", "prompt", "chosen", "rejected"))
+
+
+def prompt_pieces(record: dict[str, Any], where: str, template: Template) -> tuple[Pieces, str]:
     """The prompt's pieces (an open assistant turn for chat prompts) and the reference answer."""
     answer = record.get("answer", "")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):

@@ -62,6 +62,11 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and each token's [start, end) characters in `text`."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode([i for i in ids if i < self.vocab_size])  # a model vocab may be larger
 

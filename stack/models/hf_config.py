@@ -111,9 +111,9 @@ def take_architecture(cfg: DictConfig, overrides: list[str]) -> None:
     """`model=hf` (`model.path` set): every architecture field not named in `overrides` comes from
     `model.path`'s config.json (param_dtype from its `dtype`); a named one must agree with the file.
     With `data.tokenizer=byte` (the data groups' default) the dir's own tokenizer is used if it has one."""
-    m = cfg.model
-    if m.path is None:
-        return  # not model=hf, or validate names the missing model.path
+    m = cfg.get("model")
+    if not isinstance(m, DictConfig) or m.get("path") is None:
+        return  # not model=hf (or no model group): validate explains what is missing
     explicit = {o.lstrip("+~").split("=")[0].removeprefix("model.").split(".")[0]
                 for o in overrides if o.lstrip("+~").startswith("model.")}
     hf = read_config(m.path)

@@ -73,6 +73,7 @@ class ModelReward:
 
 def score_texts(checkpoints: str, prompts: list[str], completions: list[str]) -> np.ndarray:
     """The reward model's float32 score of each (prompt, completion), as its data encoded pairs."""
+    from stack.data.chat import make_template
     from stack.data.encode import Encoder
     from stack.data.tokenizers import make_tokenizer
 
@@ -80,7 +81,8 @@ def score_texts(checkpoints: str, prompts: list[str], completions: list[str]) ->
     cfg = reward.run_config()
     scorer = reward.load()
     tokenizer = make_tokenizer(cfg.data.tokenizer)
-    encoder = Encoder("preference", tokenizer, cfg.data.chat_template, cfg.model.max_seq_len - 1, "keep_end")
+    template = make_template(cfg.data.chat_template, cfg.data.tokenizer)
+    encoder = Encoder("preference", tokenizer, template, cfg.model.max_seq_len - 1, "keep_end")
     rows = [encoder.encode({"prompt": p, "chosen": c, "rejected": c}, f"text {i}")
             for i, (p, c) in enumerate(zip(prompts, completions))]
     width = 2 + max(int(r["segment_ids"][0].sum()) for r in rows)  # the longest sequence, padded

@@ -14,7 +14,8 @@ class DataConfig:
     eval_fraction: float = 0.1
     # "byte" (built in), a Hugging Face tokenizer.json, or a SentencePiece .model (local paths)
     tokenizer: str = "byte"
-    chat_template: str = "simple"  # simple | chatml | llama3 (stack/data/chat.py)
+    # simple | chatml | llama3 (stack/data/chat.py) | tokenizer: the tokenizer's own Jinja template
+    chat_template: str = "simple"
     seq_len: int = 32
     batch_size: int = 32  # global batch; each process reads batch_size / process_count
     truncation: str = "keep_start"  # keep_start | keep_end | error (stack/data/encode.py)

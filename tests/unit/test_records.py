@@ -2,7 +2,7 @@
 
 import pytest
 
-from stack.data.chat import TEMPLATES, render
+from stack.data.chat import TEMPLATES
 from stack.data.encode import Encoder
 from stack.data.records import preference_pieces
 from stack.data.tokenizers import ByteTokenizer
@@ -17,16 +17,16 @@ def learned(pieces):
 
 
 def test_llama3_and_chatml_templates_learn_the_end_of_turn():
-    llama3 = render(CHAT, TEMPLATES["llama3"])
+    llama3 = TEMPLATES["llama3"].render(CHAT)
     assert "".join(t for t, _ in llama3) == (
         "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|>")
     assert learned(llama3) == "yo<|eot_id|>"
-    chatml = render(CHAT, TEMPLATES["chatml"])
+    chatml = TEMPLATES["chatml"].render(CHAT)
     assert "".join(t for t, _ in chatml).endswith("<|im_start|>assistant\nyo<|im_end|>\n")
     assert learned(chatml) == "yo<|im_end|>\n"
-    opened = render(CHAT[:2], TEMPLATES["chatml"], generation_prompt=True)
+    opened = TEMPLATES["chatml"].render(CHAT[:2], generation_prompt=True)
     assert "".join(t for t, _ in opened).endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
