@@ -102,6 +102,7 @@ class SentencePieceTokenizer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])
+        _model_specials(self, os.path.dirname(state["path"]))
 
 
 def make_tokenizer(spec: str) -> Tokenizer:
@@ -121,10 +122,29 @@ def make_tokenizer(spec: str) -> Tokenizer:
         )
     kind = "a SentencePiece .model" if path.endswith(".model") else "a Hugging Face tokenizer.json"
     try:
-        return SentencePieceTokenizer(path) if path.endswith(".model") else HFTokenizer(path)
+        tok = SentencePieceTokenizer(path) if path.endswith(".model") else HFTokenizer(path)
+        return _model_specials(tok, os.path.dirname(path))
     except ConfigError:
         raise
     except Exception as exc:  # the tokenizers / sentencepiece libraries raise plain Exceptions
         why = short((str(exc).strip().splitlines() or [type(exc).__name__])[0], 200)
         raise ConfigError(f"'data.tokenizer'={spec!r}: {path} cannot be read as {kind} ({why}). The file is "
                           "corrupt or of another kind: re-export it, or use 'byte' (built in).") from None
+
+
+def _model_specials(tok: Tokenizer, root: str) -> Tokenizer:
+    """In a Hugging Face model dir, the bos/eos ids of its config.json win over the names found
+    (a list of eos ids, as Llama 3 Instruct writes: its first)."""
+    import json
+
+    path = os.path.join(root, "config.json")
+    if not os.path.isfile(path):
+        return tok
+    with open(path) as f:
+        config = json.load(f)
+    for key, attr in (("bos_token_id", "bos_id"), ("eos_token_id", "eos_id")):
+        value = config.get(key)
+        value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, int) and 0 <= value < tok.vocab_size:
+            setattr(tok, attr, value)
+    return tok

@@ -117,3 +117,24 @@ def test_dpo_reference_from_a_hugging_face_dir(hf_dir):
     other = composed(["algorithm=dpo", "data=jsonl_prefs"]).model  # llama_tiny: not the dir's shapes
     with pytest.raises(ConfigError, match=r"disagrees with the Hugging Face checkpoint's config.json"):
         DPO(reference={"init_from": f"hf:{path}"}).setup(init_model(other, 0), Context(NoQuantization(), model=other))
+
+
+def test_model_hf_uses_the_dirs_tokenizer_with_its_config_ids(hf_dir, tmp_path):
+    import json
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    from stack.data.tokenizers import make_tokenizer
+
+    path = tmp_path / "instruct"
+    shutil.copytree(hf_dir[0], path)
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<|eot_id|>", "a", "b"])}
+    Tokenizer(models.WordLevel(vocab, unk_token="a")).save(str(path / "tokenizer.json"))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "bos_token_id": 1, "eos_token_id": [3, 2]}))
+    cfg = composed(["model=hf", f"model.path={path}"])
+    assert cfg.data.tokenizer == str(path)  # data.tokenizer=byte (the default) gives way to the dir's
+    tok = make_tokenizer(cfg.data.tokenizer)
+    assert (tok.bos_id, tok.eos_id) == (1, 3)  # config.json's ids (by name alone eos would be </s> = 2)
+    assert composed(["model=hf", f"model.path={hf_dir[0]}"]).data.tokenizer == "byte"  # no tokenizer there
