@@ -23,12 +23,13 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
 from stack.launcher import launcher_for
+from stack.jobstatus import write_status
+from stack.report import FAILED_JOBS
 from stack.models.hf_config import take_architecture
 from stack.rundir import creatable
 from stack.validate import validate
 
 CONFIG_MODULE = "stack.conf"
-FAILED_JOBS: list[str] = []
 
 
 def available_recipes() -> list[str]:
@@ -173,8 +174,9 @@ def hydra_task(cfg: DictConfig) -> Any:
                 print(f"error: {exc}", file=sys.stderr)
                 sys.exit(2 if isinstance(exc, ConfigError) else 1)
             raise
-        job = HydraConfig.get().runtime.output_dir
-        FAILED_JOBS.append(f"{job}: {type(exc).__name__}: {exc}")
+        job = cfg.get("run_dir") or HydraConfig.get().runtime.output_dir
+        if os.environ.get("STACK_PROCESS_ID", "0") == "0":  # read back by stack.report at the sweep's end
+            write_status(job, "failed", error=f"{type(exc).__name__}: {short(str(exc), 2000)}")
         traceback.print_exc()
         print(f"job failed, the sweep goes on: {job}", file=sys.stderr)
         return None

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from stack.build import build
 from stack.cache import enable_compilation_cache
 from stack.errors import ConfigError, RunFailed
+from stack.jobstatus import write_status
 from stack.launcher import init_distributed
 from stack.rundir import owned
 from stack.schema import objective_of
@@ -101,8 +102,11 @@ def run(cfg: DictConfig) -> Any:
     name = objective_of(cfg)
     objective = summary.metric(name)
     if objective is None and summary.status == "completed":
-        raise ConfigError(f"'trainer.objective'={name!r} is not a metric of the run; "
+        raise ConfigError(f"The objective {name!r} (sweep.objective / trainer.objective) is not a metric of the run; "
                           f"available: {', '.join(sorted(summary.metrics()))}.")
+    if jax.process_index() == 0:  # for sweep reports and a sweep's exit code (stack.report)
+        write_status(summary.run_dir, summary.status, objective=name, value=objective, step=summary.final_step,
+                     seconds=summary.perf.get("seconds"), message=summary.message, devices=jax.device_count())
     print(describe(summary, name), file=sys.stdout)
     if summary.status == "stopped_nonfinite":
         raise RunFailed(summary.message)

@@ -24,6 +24,7 @@ from stack.schema.quantization import QuantizationConfig
 from stack.schema.reward import RewardConfig
 from stack.schema.rlhf import PPOConfig, RMConfig
 from stack.schema.root import Config, TrainerConfig
+from stack.sweeper import OptunaSweeperConf
 
 GROUP_SCHEMAS = {
     "model": ModelConfig,
@@ -42,8 +43,9 @@ GROUPS = tuple(GROUP_SCHEMAS)
 
 
 def objective_of(cfg) -> str:
-    """The run's objective metric: `trainer.objective`, else the algorithm schema's default."""
-    return cfg.trainer.objective or OmegaConf.get_type(cfg.algorithm).objective
+    """The run's objective metric: `sweep.objective`, `trainer.objective`, else the algorithm
+    schema's default."""
+    return cfg.sweep.objective or cfg.trainer.objective or OmegaConf.get_type(cfg.algorithm).objective
 
 
 def shipped_data(name: str) -> str:
@@ -70,6 +72,18 @@ def recipe_files() -> dict[str, str]:
     return {p.name[:-5]: p.read_text() for p in root.iterdir() if p.name.endswith(".yaml")}
 
 
+def _register_sweeper() -> None:
+    """Hydra finds `hydra_plugins.stack_sweeper` by scanning that namespace package, which misses
+    an editable install's import hook: register the class by hand (Plugins.register)."""
+    try:
+        from hydra_plugins.stack_sweeper import OptunaSweeper
+    except ImportError:  # a bare checkout, not installed: hydra/sweeper=optuna is unavailable
+        return
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance().register(OptunaSweeper)
+
+
 def register() -> None:
     """Store every schema and the resolvers; make the recipes composable as `+recipe=NAME`.
 
@@ -86,6 +100,8 @@ def register() -> None:
         for name, text in recipe_files().items():
             cs.store(group="recipe", name=name, node=OmegaConf.create(text), package="_global_")
     cs.store(group="schema", name="root", node=Config)
+    cs.store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="stack")
+    _register_sweeper()
     for group, node in GROUP_SCHEMAS.items():
         if group != "algorithm":
             cs.store(group="schema", name=group, node=node)

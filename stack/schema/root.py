@@ -28,6 +28,12 @@ class WarmStartConfig:
 
 
 @dataclass
+class SweepConfig:
+    # the metric a sweep optimizes (hydra/sweeper=optuna) and reports; null: trainer.objective
+    objective: Optional[str] = None
+
+
+@dataclass
 class Config:
     model: Any = None
     mesh: Any = None
@@ -42,6 +48,7 @@ class Config:
     launcher: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0
     mode: str = "train"  # train | compile | validate
     run_dir: Optional[str] = None  # None: Hydra's output dir

@@ -1,0 +1,51 @@
+"""A 4-job sweep's wall time with 2 joblib workers / with Hydra's basic launcher (one job after
+another), the same command otherwise.
+
+    python bench/sweep_parallel.py [--trials 2] [--steps 60]
+
+Each trial runs both sweeps in fresh processes, alternating which goes first, against one
+shared persistent compilation cache warmed before timing (so both pay the same compile cost).
+Printed: the median wall seconds of each and their ratio (goal <= 0.65).
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SWEEP = ["-m", "+recipe=llama_sft", "optimizer.lr=1e-3,3e-3", "seed=0,1", "checkpoint=none", "logger=jsonl",
+         "trainer.eval_every=0", "trainer.eval_batches=1"]
+PARALLEL = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+
+
+def sweep(root: str, steps: int, extra: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one sweep run to completion."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "stack", *SWEEP, f"trainer.steps={steps}", *extra,
+                    f"hydra.sweep.dir={tempfile.mkdtemp(dir=root)}"], capture_output=True, env=env, check=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    root = tempfile.mkdtemp()
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": os.path.join(root, "jax")}
+    sweep(root, 2, [], env)  # warm the compilation cache for both
+    basic, joblib = [], []
+    for trial in range(args.trials):
+        order = [(basic, []), (joblib, PARALLEL)][:: 1 if trial % 2 == 0 else -1]
+        for times, extra in order:
+            times.append(sweep(root, args.steps, extra, env))
+    b, j = statistics.median(basic), statistics.median(joblib)
+    print(f"4-job sweep on {os.cpu_count()} cores: basic launcher {b:.1f}s, joblib n_jobs=2 {j:.1f}s, "
+          f"ratio {j / b:.2f} (goal <= 0.65)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Parallel (joblib) and Bayesian (Optuna) sweeps through the CLI, and the report at their end."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import optuna
+
+from tests.conftest import fake_devices, run_cli
+
+SMALL = ["+recipe=llama_sft", "trainer.steps=12", "trainer.eval_every=6", "trainer.log_every=6",
+         "trainer.eval_batches=1", "data.batch_size=8"]
+
+
+def status(job_dir) -> dict:
+    with open(os.path.join(job_dir, "status.json")) as f:
+        return json.load(f)
+
+
+def png_is_drawn(path, min_size=(300, 400)) -> None:
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] >= min_size[0] and image.shape[1] >= min_size[1]
+    assert float(np.std(image[..., :3])) > 0.02, f"{path} is blank"
+
+
+def test_joblib_sweep_runs_jobs_in_workers_isolates_a_failure_and_reports(tmp_path):
+    sweep = tmp_path / "sweep"
+    res = run_cli(["-m", "optimizer.lr=1e-3,3e-3,1e6,2e-3", "optimizer.clip_norm=1e9", "mesh=fsdp",
+                   "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"] + SMALL,
+                  cwd=str(tmp_path), env=fake_devices(4))
+    assert res.returncode == 1, "the failed job must make the sweep's exit code non-zero"
+    assert "1 job(s) failed" in res.stderr and f"{sweep}/2: RunFailed: train/loss is non-finite" in res.stderr
+    jobs = {d: status(sweep / d) for d in "0123"}
+    assert [jobs[d]["status"] for d in "0123"] == ["completed", "completed", "failed", "completed"]
+    assert all(jobs[d]["devices"] == 4 for d in "013"), "XLA_FLAGS did not reach the joblib workers"
+    for d in "013":  # each job its own run dir and metrics
+        rows = [json.loads(x) for x in open(sweep / d / "metrics.jsonl")]
+        assert rows[-1]["eval/loss"] == jobs[d]["value"]
+    with open(sweep / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["job"] for r in rows][-1] == "2" and rows[-1]["status"] == "failed"  # no value: last
+    finals = [float(r["final"]) for r in rows[:3]]
+    assert finals == sorted(finals) and {float(r["optimizer.lr"]) for r in rows} == {1e-3, 3e-3, 1e6, 2e-3}
+    table = res.stdout[res.stdout.index(f"sweep {sweep}: 4 jobs"):]
+    assert "eval/loss (final)" in table and "wrote summary.csv, curves.png" in table
+    png_is_drawn(sweep / "curves.png")
+
+
+def test_optuna_study_improves_on_its_first_trial_and_a_rerun_continues_it(tmp_path):
+    sweep = tmp_path / "study"
+    search = ["hydra/sweeper=optuna", "hydra.sweeper.n_jobs=2", "hydra/launcher=joblib",
+              "optimizer.lr=tag(log,interval(1e-5,1e-2))", f"hydra.sweep.dir={sweep}"] + SMALL
+    res = run_cli(["-m", "hydra.sweeper.n_trials=6"] + search, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    study = optuna.load_study(study_name="stack", storage=f"sqlite:///{sweep}/optuna.db")
+    values = [t.value for t in study.trials]
+    assert len(values) == 6 and all(v is not None for v in values)
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE  # auto: eval/loss is minimized
+    assert min(values) < values[0], f"no trial improved on the first: {values}"
+    for t in study.trials:  # each trial is the job in the dir of its number, with its sampled lr
+        assert status(sweep / str(t.number))["value"] == t.value
+    png_is_drawn(sweep / "optuna_history.png", (200, 300))
+    png_is_drawn(sweep / "optuna_importances.png", (200, 300))
+
+    res = run_cli(["-m", "hydra.sweeper.n_trials=2"] + search, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    study = optuna.load_study(study_name="stack", storage=f"sqlite:///{sweep}/optuna.db")
+    assert [t.value for t in study.trials][:6] == values and len(study.trials) == 8
+    assert os.path.isfile(sweep / "7" / "status.json") and "sweep " + str(sweep) + ": 8 jobs" in res.stdout
