@@ -87,8 +87,17 @@ def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | Non
         from stack.logging.wandb_sink import WandbSink
 
         config = OmegaConf.to_container(cfg, resolve=True)
-        sinks.append(WandbSink(log, run_dir, config, group=group, run_id=wandb_id, name=name))
+        tags = (recipe_name(), cfg.hardware.name)
+        sinks.append(WandbSink(log, run_dir, config, group=group, run_id=wandb_id, name=name,
+                               job_type=cfg.algorithm.name, tags=tuple(t for t in tags if t)))
     return tuple(sinks)
+
+
+def recipe_name() -> str | None:
+    """The `+recipe=NAME` of the running Hydra job, if any."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("recipe") if HydraConfig.initialized() else None
 
 
 def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:

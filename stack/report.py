@@ -178,8 +178,28 @@ def report(sweep_dir: str, metric: str | None = None) -> str:
     return f"sweep {sweep_dir}: {len(jobs)} jobs\n{table(jobs)}\nwrote {', '.join(files)}"
 
 
+def sweep_group(sweep_dir: str) -> str:
+    """The wandb group of a sweep's runs: its sweep dir as one name."""
+    return sweep_dir.replace("/", "_").strip("_")
+
+
+def log_to_wandb(jobs: list[Job], sweep_dir: str, logger: Any) -> None:
+    """The summary table as a wandb Table in a run of its own, in the sweep's group."""
+    from stack.logging.wandb_sink import WandbSink
+
+    keys = varying(jobs)
+    columns = ["job", *keys, "objective", "final", "best", "status", "seconds"]
+    rows = [[j.name, *(j.overrides.get(k, "") for k in keys), j.objective, j.final, j.best, j.status, j.seconds]
+            for j in ranked(jobs)]
+    sink = WandbSink(logger, sweep_dir, {"sweep_dir": sweep_dir}, group=sweep_group(sweep_dir), name="summary",
+                     job_type="sweep")
+    sink.log_table("sweep/summary", columns, rows)
+    sink.close()
+
+
 class SweepReport(Callback):
-    """Hydra callback: the report after every multirun, and its failed jobs into FAILED_JOBS."""
+    """Hydra callback: the report after every multirun (and with logger=wandb its table as a
+    wandb run), and its failed jobs into FAILED_JOBS."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = str(config.hydra.sweep.dir)
@@ -190,6 +210,9 @@ class SweepReport(Callback):
         FAILED_JOBS.extend(f"{sweep_dir}/{j.name}: {j.error or j.status}" for j in jobs
                            if j.status in ("failed", "unfinished", "stopped_nonfinite"))
         print(report(sweep_dir), flush=True)
+        logger = config.get("logger")
+        if logger is not None and logger.get("wandb") and logger.get("mode") != "disabled":
+            log_to_wandb(jobs, sweep_dir, logger)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from stack.build import build
 from stack.cache import enable_compilation_cache
 from stack.errors import ConfigError, RunFailed
 from stack.jobstatus import write_status
+from stack.report import sweep_group
 from stack.launcher import init_distributed
 from stack.rundir import owned
 from stack.schema import objective_of
@@ -30,7 +31,7 @@ def _hydra_context() -> tuple[str | None, str | None, str | None]:
         return None, None, None
     hc = HydraConfig.get()
     multirun = OmegaConf.select(hc, "job.num") is not None and hc.mode.name == "MULTIRUN"
-    group = hc.sweep.dir.replace("/", "_").strip("_") if multirun else None
+    group = sweep_group(hc.sweep.dir) if multirun else None
     name = hc.job.override_dirname or None if multirun else None
     return hc.runtime.output_dir, group, name
 

@@ -35,7 +35,7 @@ def read_offline_run(run_dir_or_file: str | os.PathLike) -> dict[str, Any]:
         folder with `offline-run-*` folders directly or under `wandb/` (the newest wins).
 
     Returns:
-      `{"id", "config", "history", "summary", "group"}`: config and summary as nested
+      `{"id", "config", "history", "summary", "group", "name", "job_type", "tags"}`: config and summary as nested
       dicts of plain values, history as a list of `{"_step": int, metric: value}` rows
       (nested metric keys joined with "."), group None when unset. Whole floats come
       back as ints (wandb-core writes 1.0 as `1`).
@@ -43,12 +43,15 @@ def read_offline_run(run_dir_or_file: str | os.PathLike) -> dict[str, Any]:
     path = _find_wandb_file(Path(run_dir_or_file))
     config: dict[str, Any] = {}
     summary: dict[str, Any] = {}
-    run: dict[str, Any] = {"id": None, "config": config, "history": [], "summary": summary, "group": None}
+    run: dict[str, Any] = {"id": None, "config": config, "history": [], "summary": summary, "group": None,
+                           "name": None, "job_type": None, "tags": []}
     for record in _records(path.read_bytes(), 0, path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run["id"] = record.run.run_id
             run["group"] = record.run.run_group or None
+            run["name"], run["job_type"] = record.run.display_name or None, record.run.job_type or None
+            run["tags"] = list(record.run.tags)
             _apply(config, record.run.config.update, record.run.config.remove)
         elif kind == "config":
             _apply(config, record.config.update, record.config.remove)

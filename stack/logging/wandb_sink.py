@@ -26,7 +26,8 @@ class WandbSink:
     Online needs credentials (WANDB_API_KEY or `wandb login`): without them, wandb
     prompts on an interactive terminal, and `init_timeout` does not bound that prompt.
     `run_id` is the wandb run id (pass it back to resume); `run_dir` is the folder with
-    the run's files and `run-<id>.wandb` log (None when disabled).
+    the run's files and `run-<id>.wandb` log (None when disabled). In a sweep, `group` is the
+    sweep, `name` the job's overrides, `job_type` the algorithm, `tags` recipe and hardware.
     """
 
     def __init__(
@@ -37,6 +38,8 @@ class WandbSink:
         group: str | None = None,
         run_id: str | None = None,
         name: str | None = None,
+        job_type: str | None = None,
+        tags: tuple[str, ...] = (),
     ) -> None:
         init_kwargs = dict(
             project=cfg.project,
@@ -48,7 +51,8 @@ class WandbSink:
             id=run_id or _new_run_id(),
             resume="allow" if run_id else None,
             name=name,
-            tags=list(cfg.tags),
+            job_type=job_type,
+            tags=list(dict.fromkeys([*cfg.tags, *tags])),
             settings=wandb.Settings(
                 init_timeout=float(cfg.init_timeout),
                 reinit="create_new",  # the default would return a still-active earlier run
@@ -81,6 +85,10 @@ class WandbSink:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Logs `metrics` at `step`."""
         self._run.log(metrics, step=step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """Logs one wandb Table (e.g. a sweep's summary) under `key`."""
+        self._run.log({key: wandb.Table(columns=columns, data=rows)})
 
     def rewind(self, step: int) -> None:
         """Nothing to drop: wandb ignores history rows at steps it already has (resume="allow")."""

@@ -70,3 +70,25 @@ def test_optuna_study_improves_on_its_first_trial_and_a_rerun_continues_it(tmp_p
     study = optuna.load_study(study_name="stack", storage=f"sqlite:///{sweep}/optuna.db")
     assert [t.value for t in study.trials][:6] == values and len(study.trials) == 8
     assert os.path.isfile(sweep / "7" / "status.json") and "sweep " + str(sweep) + ": 8 jobs" in res.stdout
+
+
+def test_wandb_runs_of_a_sweep_are_grouped_and_its_summary_is_a_table(tmp_path):
+    from stack.logging.wandb_reader import read_offline_run
+    from stack.report import sweep_group
+
+    sweep = tmp_path / "sweep"
+    res = run_cli(["-m", "optimizer.lr=1e-3,3e-3", "logger=wandb", f"hydra.sweep.dir={sweep}"] + SMALL,
+                  cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    for job, lr in (("0", "0.001"), ("1", "0.003")):
+        run = read_offline_run(sweep / job)
+        assert (run["group"], run["job_type"], run["tags"]) == (sweep_group(str(sweep)), "sft", ["llama_sft", "cpu"])
+        assert f"optimizer.lr={lr}" in run["name"] and run["summary"]["eval/loss"] == status(sweep / job)["value"]
+    summary = read_offline_run(sweep / "wandb")
+    assert (summary["name"], summary["job_type"], summary["group"]) == ("summary", "sweep", sweep_group(str(sweep)))
+    (row,) = summary["history"]
+    files = os.path.dirname(next((sweep / "wandb").glob("offline-run-*/run-*.wandb")))
+    with open(os.path.join(files, "files", row["sweep/summary.path"])) as f:
+        table = json.load(f)
+    assert table["columns"][:2] == ["job", "optimizer.lr"] and [r[0] for r in table["data"]] == [
+        j for j, _ in sorted(((j, status(sweep / j)["value"]) for j in "01"), key=lambda x: x[1])]
