@@ -18,6 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from stack.launch_slurm import export_ranks
 from stack.errors import ConfigError
 from stack.launch_cloud import cloud_command, launch_cloud
 
@@ -26,12 +27,14 @@ ENV = ("STACK_COORDINATOR", "STACK_NUM_PROCESSES", "STACK_PROCESS_ID")
 
 def init_distributed() -> None:
     """`jax.distributed.initialize` from the launcher's environment (a no-op without it):
-    STACK_DISTRIBUTED=auto (tpu_pod, xpk) lets jax find the cluster; launcher=local sets STACK_*."""
+    STACK_DISTRIBUTED=auto (tpu_pod, xpk) lets jax find the cluster; launcher=local sets STACK_*,
+    and so does a submitit task (hydra/launcher=slurm, stack.launch_slurm)."""
     if os.environ.get("STACK_DISTRIBUTED") == "auto":
         import jax
 
         jax.distributed.initialize()
         return
+    export_ranks()  # a submitit (SLURM) job of several tasks
     if not os.environ.get("STACK_COORDINATOR"):
         return
     import jax

@@ -24,6 +24,7 @@ from stack.schema.quantization import QuantizationConfig
 from stack.schema.reward import RewardConfig
 from stack.schema.rlhf import PPOConfig, RMConfig
 from stack.schema.root import Config, TrainerConfig
+from stack.launch_slurm import register_slurm
 from stack.sweeper import OptunaSweeperConf
 
 GROUP_SCHEMAS = {
@@ -102,6 +103,7 @@ def register() -> None:
     cs.store(group="schema", name="root", node=Config)
     cs.store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="stack")
     _register_sweeper()
+    register_slurm()
     for group, node in GROUP_SCHEMAS.items():
         if group != "algorithm":
             cs.store(group="schema", name=group, node=node)

@@ -2,6 +2,7 @@
 like 1 process × 8 devices, step for step, for SFT and DPO; process 0 alone logs; a 2-process
 run killed with -9 resumes to the uninterrupted losses."""
 
+import json
 import os
 import signal
 import subprocess
@@ -61,3 +62,18 @@ def test_a_killed_two_process_run_resumes(tmp_path):
 def test_a_sweep_with_a_local_launcher_is_refused(tmp_path):
     res = run_cli(["-m", "seed=0,1", *LOCAL], str(tmp_path))
     assert res.returncode == 2 and "not a sweep (-m)" in res.stderr
+
+
+def test_a_two_task_submitit_job_trains_like_one_process(tmp_path):
+    """hydra/launcher=submitit_local with 2 tasks: the tasks become one JAX program through the
+    rank mapping of stack.launch_slurm (the path a SLURM job of 2 tasks takes)."""
+    args = RUNS["sft"] + COMMON
+    one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
+    assert one.returncode == 0, one.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    two = run_cli(["-m", *args, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+                   f"hydra.sweep.dir={sweep}"], str(tmp_path), env=fake_devices(4))
+    assert two.returncode == 0, two.stderr[-3000:]
+    status = json.loads((sweep / "0" / "status.json").read_text())
+    assert status["status"] == "completed" and status["devices"] == 8  # 2 tasks x 4 devices, one mesh
+    assert_same_losses(losses(tmp_path / "one"), losses(sweep / "0"))
