@@ -30,17 +30,8 @@ class WandbSink:
     sweep, `name` the job's overrides, `job_type` the algorithm, `tags` recipe and hardware.
     """
 
-    def __init__(
-        self,
-        cfg: Any,
-        run_dir: str,
-        config: dict,
-        group: str | None = None,
-        run_id: str | None = None,
-        name: str | None = None,
-        job_type: str | None = None,
-        tags: tuple[str, ...] = (),
-    ) -> None:
+    def __init__(self, cfg: Any, run_dir: str, config: dict, group: str | None = None, run_id: str | None = None,
+                 name: str | None = None, job_type: str | None = None, tags: tuple[str, ...] = ()) -> None:
         init_kwargs = dict(
             project=cfg.project,
             entity=cfg.entity,
