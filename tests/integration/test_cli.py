@@ -108,8 +108,8 @@ def test_wandb_group_is_the_sweep_name(tmp_path):
                    f"hydra.sweep.dir={tmp_path}/sweep"], cwd=str(tmp_path),
                   env={"WANDB_DIR": str(tmp_path), "HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr
-    jobs = [tmp_path / "sweep" / d for d in os.listdir(tmp_path / "sweep") if (tmp_path / "sweep" / d).is_dir()]
-    runs = [read_offline_run(j / "wandb") for j in jobs]
+    jobs = [tmp_path / "sweep" / d for d in os.listdir(tmp_path / "sweep") if (tmp_path / "sweep" / d / ".hydra").is_dir()]
+    runs = [read_offline_run(j / "wandb") for j in jobs]  # (the sweep's summary run is sweep/wandb)
     assert len({r["id"] for r in runs}) == 2
     assert {r["group"] for r in runs} == {str(tmp_path / "sweep").replace("/", "_").strip("_")}
 

@@ -1,0 +1,67 @@
+"""stack.recipes: the catalogue lines, the comparison of a run with its expectation (readable
+rows, drift, config and version changes) and the recorder's refusal of a dirty tree."""
+
+import copy
+import subprocess
+
+import pytest
+
+from stack import recipes
+from stack.schema import recipe_files
+
+EXPECTED = {"recorded_with": {"jax": "0.10.2", "machine": "Linux x86_64, 2 cpus"}, "overrides": recipes.SHRINK,
+            "tolerance": {"train/loss": 0.02}, "mean_tolerance": 0.005,
+            "steps": {"train/loss": {"5": 4.0, "10": 3.0, "15": 2.0, "20": 1.0}},
+            "config": {"model.d_model": 64, "optimizer.lr": 0.003}}
+
+
+def run_like(scale: float = 1.0, **changes) -> dict:
+    got = copy.deepcopy(EXPECTED)
+    got["steps"]["train/loss"] = {s: v * scale for s, v in got["steps"]["train/loss"].items()}
+    for key, value in changes.items():
+        got[key] = value
+    return got
+
+
+def test_a_run_within_tolerance_passes():
+    assert recipes.compare(EXPECTED, run_like(1.004)) == []
+
+
+def test_a_step_out_of_tolerance_is_a_readable_row_naming_versions():
+    got = run_like(recorded_with={"jax": "0.12.0", "machine": "Linux x86_64, 2 cpus"})
+    got["steps"]["train/loss"]["15"] = 2.1
+    problems = recipes.compare(EXPECTED, got)
+    assert problems[0].split() == ["step", "metric", "expected", "got", "rtol"]
+    assert problems[1].split() == ["15", "train/loss", "2", "2.1", "0.02"]
+    assert "mean relative residual +0.0125" in problems[2]
+    assert "recorded with other versions" in problems[-1] and "0.10.2 -> 0.12.0" in problems[-1]
+
+
+def test_a_small_systematic_drift_fails_though_every_step_is_within_tolerance():
+    problems = recipes.compare(EXPECTED, run_like(1.015))
+    assert len(problems) == 1 and "mean relative residual +0.0150 over 4 steps" in problems[0]
+
+
+def test_a_changed_default_and_other_overrides_are_named():
+    got = run_like(config={"model.d_model": 128, "optimizer.lr": 0.003, "trainer.steps": 20})
+    problems = recipes.compare(EXPECTED, got)
+    assert problems == ["the resolved config changed (re-record if intended):", "  model.d_model: 64 -> 128",
+                        "  trainer.steps: '<absent>' -> 20"]
+    assert "other overrides" in recipes.compare({**EXPECTED, "overrides": ["trainer.steps=5"]}, got)[0]
+
+
+def test_catalogue_lists_every_recipe_with_its_header_fields():
+    rows = {r[0]: r for r in recipes.catalogue()}
+    assert set(rows) == set(recipe_files())
+    assert rows["llama_dpo"][1:] == ("dpo", "llama_tiny", "cpu", "~1.5 min")
+    assert rows["llama_rm"][1:4] == ("rm", "llama_small", "cpu")
+    assert "groups:   model=llama_tiny" in recipes.show("llama_dpo")
+
+
+def test_record_refuses_a_dirty_tree(tmp_path, monkeypatch):
+    (tmp_path / "expected").mkdir()
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "untracked.txt").write_text("x")
+    monkeypatch.setattr(recipes, "expected_dir", lambda: str(tmp_path / "expected"))
+    with pytest.raises(SystemExit, match="(?s)refusing to record on a dirty tree.*untracked.txt"):
+        recipes.record(["llama_sft"])
