@@ -85,17 +85,19 @@ def snapshot(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as dotted keys, machine-independent (shipped files by name, no run dir)."""
     flat: dict[str, Any] = {}
 
+    shipped = re.compile(r"/\S*/(?:recipes|conf/recipe)/data/")  # a shipped file, by name
+    plain = lambda v: shipped.sub("<shipped>/", v) if isinstance(v, str) else v  # noqa: E731
+
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 walk(v, f"{prefix}{k}.")
         else:
-            flat[prefix[:-1]] = node
+            flat[prefix[:-1]] = [plain(v) for v in node] if isinstance(node, list) else plain(node)
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     flat.pop("run_dir", None)
-    shipped = re.compile(r"^.*/(?:recipes|conf/recipe)/data/")
-    return {k: shipped.sub("<shipped>/", v) if isinstance(v, str) else v for k, v in flat.items()}
+    return flat
 
 
 def machine() -> dict[str, str]:
