@@ -1,11 +1,14 @@
 """The persistent compilation cache: a rerun of the same command compiles nothing new (every
 program is a cache hit: no entry is added) and trains to the same losses."""
 
+import pytest
+
 from tests.conftest import read_metrics, run_cli
 
 RUN = ["+recipe=llama_sft", "checkpoint=none", "trainer.steps=3", "trainer.log_every=1", "trainer.eval_batches=1"]
 
 
+@pytest.mark.slow  # ~22 s of three cold compiles: CI's slow step runs it
 def test_a_rerun_loads_every_program_from_the_cache(tmp_path):
     cache = tmp_path / "jax_cache"
     env = {"JAX_COMPILATION_CACHE_DIR": ""}  # the run's own setting, not the environment's

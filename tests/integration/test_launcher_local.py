@@ -37,8 +37,11 @@ def test_two_processes_train_like_one(algorithm, tmp_path):
     evals = [r["eval/loss"] for r in read_metrics(tmp_path / "two") if "eval/loss" in r]
     assert len(evals) == 2  # one writer: process 0 (rank 1's output is its log)
     assert "done: 6 steps" in (tmp_path / "two" / "rank1.log").read_text()
+    if algorithm == "sft":  # the path of a 2-task SLURM job (stack.launch_slurm), locally
+        assert_submitit_two_tasks_train_like(tmp_path / "one", args, tmp_path)
 
 
+@pytest.mark.slow  # ~27 s (three 2-process runs): CI's slow step runs it
 def test_a_killed_two_process_run_resumes(tmp_path):
     args = RUNS["sft"][:1] + COMMON + ["trainer.steps=12", "checkpoint=local", "checkpoint.every=3"]
     ref = run_cli(args + [f"run_dir={tmp_path}/ref"], str(tmp_path), env=fake_devices(8))
@@ -64,16 +67,13 @@ def test_a_sweep_with_a_local_launcher_is_refused(tmp_path):
     assert res.returncode == 2 and "not a sweep (-m)" in res.stderr
 
 
-def test_a_two_task_submitit_job_trains_like_one_process(tmp_path):
-    """hydra/launcher=submitit_local with 2 tasks: the tasks become one JAX program through the
-    rank mapping of stack.launch_slurm (the path a SLURM job of 2 tasks takes)."""
-    args = RUNS["sft"] + COMMON
-    one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
-    assert one.returncode == 0, one.stderr[-3000:]
+def assert_submitit_two_tasks_train_like(reference, args: list[str], tmp_path) -> None:
+    """hydra/launcher=submitit_local with 2 tasks x 4 devices: the tasks become one JAX program
+    through the rank mapping of stack.launch_slurm and train step for step like `reference`."""
     sweep = tmp_path / "sweep"
-    two = run_cli(["-m", *args, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+    res = run_cli(["-m", *args, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
                    f"hydra.sweep.dir={sweep}"], str(tmp_path), env=fake_devices(4))
-    assert two.returncode == 0, two.stderr[-3000:]
+    assert res.returncode == 0, res.stderr[-3000:]
     status = json.loads((sweep / "0" / "status.json").read_text())
     assert status["status"] == "completed" and status["devices"] == 8  # 2 tasks x 4 devices, one mesh
-    assert_same_losses(losses(tmp_path / "one"), losses(sweep / "0"))
+    assert_same_losses(losses(reference), losses(sweep / "0"))
