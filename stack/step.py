@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from stack.algorithms.base import Batch, Context, Metrics, ratio
 from stack.parallel import layout_on, opt_state_shardings
 
-LOSS, COLLECT, EVAL = 1, 2, 3  # purposes of the run's key (fold_in), then per step
+LOSS, COLLECT, EVAL, SHUFFLE = 1, 2, 3, 4  # purposes of the run's key (fold_in), then per step
 SAVED = ("params", "opt_state", "algo", "step", "key")  # what a checkpoint holds (not `rest`)
 BATCH_COUNTS = ("loss_tokens", "packing_efficiency")  # eval metrics of the batch, not the model
 
@@ -161,13 +161,28 @@ def accumulate(loss_fn: Callable, params: Any, micro: Batch, key: jax.Array) -> 
     return grads, ratio((nums.sum(0), dens)), jax.tree.map(lambda x: x.mean(0), metrics)
 
 
+def minibatch(xp: Batch, j: jax.Array, accum: int, schedule: Any, state: TrainState) -> Batch:
+    """The micro-batches [accum, b, ...] of the round's j-th optimizer step (epoch j // m, minibatch
+    i = j % m): `xp[i·accum:(i+1)·accum]`, or with `schedule.shuffle` (TRL PPOTrainer: a fresh
+    permutation of the round's rows every epoch) the rows perm[i·accum·b:(i+1)·accum·b] of a
+    permutation keyed by the round's first step and the epoch (so a resumed run draws the same)."""
+    i = j % schedule.minibatches
+    if not schedule.shuffle:
+        return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, i * accum, accum), xp)
+    n, b = jax.tree.leaves(xp)[0].shape[:2]
+    key = jax.random.fold_in(purpose_key(state, SHUFFLE, per_step=False), state.step - j)
+    perm = jax.random.permutation(jax.random.fold_in(key, j // schedule.minibatches), n * b)
+    rows = jax.lax.dynamic_slice_in_dim(perm, i * accum * b, accum * b)
+    return jax.tree.map(lambda x: x.reshape(n * b, *x.shape[2:])[rows].reshape(accum, b, *x.shape[2:]), xp)
+
+
 @dataclass(frozen=True)
 class Programs:
     """The jitted functions of a run (see the module docstring of stack.algorithms.base)."""
 
     collect: Callable  # (state.models_only(), frozen, batch, train) -> xp
     finalize: Callable  # (xp, scores, algo state) -> (xp, algo state, metrics)
-    update: Callable  # (state, frozen, xp, minibatch index) -> (state, metrics); state donated
+    update: Callable  # (state, frozen, xp, j-th step of the round) -> (state, metrics); state donated
     evaluate: Callable  # (state.models_only(), frozen, xp, scores) -> metrics
 
 
@@ -189,8 +204,8 @@ def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
         key = purpose_key(state, COLLECT) if train else purpose_key(state, EVAL, per_step=False)
         return alg.collect(models(state), frozen_of(frozen), state.algo, batch, key, train)
 
-    def update(state: TrainState, frozen: Any, xp: Batch, index: jax.Array) -> tuple[TrainState, Metrics]:
-        micro = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, index * accum, accum), xp)
+    def update(state: TrainState, frozen: Any, xp: Batch, j: jax.Array) -> tuple[TrainState, Metrics]:
+        micro = minibatch(xp, j, accum, alg.schedule, state)
         loss_fn = lambda p, b, k: alg.loss(  # noqa: E731
             nnx.merge(parts.graphdef, p, state.rest), b, frozen_of(frozen), state.algo, k)
         grads, loss, metrics = accumulate(loss_fn, state.params, micro, purpose_key(state, LOSS))

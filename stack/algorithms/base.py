@@ -12,7 +12,7 @@ The trainer (stack.trainer) runs *rounds*. Each round it
   4. `xp, state, metrics = finalize(xp, scores, state)`: pure and jitted (advantages,
      whitening, a KL controller's update); `finalize = None` for offline methods;
   5. `epochs × minibatches` optimizer steps. Minibatch i is `xp[i·a:(i+1)·a]` with
-     a = `trainer.grad_accum`; the step scans its micro-batches and sums the gradients
+     a = `trainer.grad_accum` (with `schedule.shuffle`, rows of a fresh permutation per epoch); the step scans its micro-batches and sums the gradients
      and the `(numerator, denominator)` that `loss` returns: the loss is Σnum / Σden over
      the whole minibatch, so every item weighs the same however the batch is split.
      `num`/`den` may be vectors of terms (the loss is then Σ_i num_i / den_i, e.g. DPO
@@ -53,10 +53,12 @@ Terms = tuple[jax.Array, jax.Array]  # (numerator, denominator): scalars or vect
 
 
 class Schedule(NamedTuple):
-    """Optimizer steps per round: `epochs` passes over the experience, `minibatches` each."""
+    """Optimizer steps per round: `epochs` passes over the experience, `minibatches` each;
+    `shuffle`: the rows are drawn into minibatches by a new permutation every epoch."""
 
     epochs: int = 1
     minibatches: int = 1
+    shuffle: bool = False
 
 
 @dataclass(frozen=True)

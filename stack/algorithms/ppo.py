@@ -24,11 +24,13 @@
 - KL control: fixed, or adaptive (Ziegler et al. 2019; TRL's AdaptiveKLController) updated
   once per round from the round's mean sequence KL with n = rollouts of the round; the
   coefficient is algorithm state, so it is checkpointed.
-- Schedule: `num_ppo_epochs` passes × `num_mini_batches` minibatches per round.
+- Schedule: `num_ppo_epochs` passes × `num_mini_batches` minibatches per round, the rollouts
+  drawn into minibatches by a new permutation each epoch (TRL: `np.random.permutation` per epoch).
 - Metrics (TRL's names): objective/{kl,entropy,non_score_reward,rlhf_reward,scores},
   policy/{approxkl_avg,clipfrac_avg,entropy_avg}, loss/{policy_avg,value_avg},
-  val/{clipfrac_avg,ratio,num_eos_tokens}, kl_coef, reward (mean raw score); TRL's `eps`
-  (episodes per second) is not logged (perf/tokens_per_sec is). Eval: greedy completions, `eval/reward`.
+  val/{clipfrac_avg,ratio,num_eos_tokens}, kl_coef, reward (mean raw score); `eps` (episodes, i.e.
+  sampled completions, per second over the logging window) comes from the trainer's Throughput hook.
+  Eval: greedy completions, `eval/reward`.
 """
 
 from dataclasses import replace
@@ -83,7 +85,7 @@ class PPO:
         self.adaptive = (target_kl, horizon) if adaptive_kl else None
         self.eos_penalty, self.gamma, self.lam, self.whiten_rewards = missing_eos_penalty, gamma, lam, whiten_rewards
         self.cliprange, self.cliprange_value, self.vf_coef = cliprange, cliprange_value, vf_coef
-        self.schedule = Schedule(num_ppo_epochs, num_mini_batches)
+        self.schedule = Schedule(num_ppo_epochs, num_mini_batches, shuffle=True)
         self.sampling = Sampling(max_new_tokens, temperature)
         self.shared_trunk = shared_trunk
         self.reference = Reference((reference or {}).get("init_from"))

@@ -53,6 +53,7 @@ class Run:
     signal: int | None = None
     clock: Clock = field(default_factory=Clock)
     tokens_per_step: int = 0
+    episodes_per_step: float = 0.0  # sampled completions per optimizer step (on-policy rounds; eps)
     train: dict[str, float] = field(default_factory=dict)  # the last logged train metrics
     evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (step, eval metrics)
     checkpoint: str | None = None  # the newest step this run saved

@@ -40,7 +40,7 @@ class MetricsLog(Hook):
 
 
 class Throughput(Hook):
-    """perf/* at logging steps (tokens/s, step seconds, data wait, TFLOP/s, MFU) and for the
+    """perf/* at logging steps (tokens/s, step seconds, data wait, TFLOP/s, MFU; on-policy: `eps`) and for the
     whole run; the first step (compilation) is timed apart and left out."""
 
     def __init__(self, feed: Any, every: int):
@@ -72,8 +72,11 @@ class Throughput(Hook):
     def _rates(self, run: Run, steps: int, seconds: float) -> dict[str, float]:
         exp = run.exp
         tokens_per_sec = steps * run.tokens_per_step / seconds if seconds > 0 else 0.0
-        return {"perf/tokens_per_sec": tokens_per_sec, "perf/step_seconds": seconds / max(steps, 1),
-                **mfu_metrics(exp.flops_per_token, tokens_per_sec, exp.mesh.size, exp.peak_flops_per_device)}
+        rates = {"perf/tokens_per_sec": tokens_per_sec, "perf/step_seconds": seconds / max(steps, 1),
+                 **mfu_metrics(exp.flops_per_token, tokens_per_sec, exp.mesh.size, exp.peak_flops_per_device)}
+        if run.episodes_per_step and seconds > 0:  # TRL's eps: sampled episodes (completions) per second
+            rates["eps"] = steps * run.episodes_per_step / seconds
+        return rates
 
     def on_end(self, run: Run) -> None:
         jax.block_until_ready(run.state.params)

@@ -10,6 +10,7 @@ checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds 
 logged row. Host syncs happen only in hooks at logging, eval and checkpoint steps.
 """
 
+import math
 import os
 from dataclasses import replace
 
@@ -44,13 +45,18 @@ def default_hooks(exp, feed: Feed) -> list[Hook]:
     return hooks
 
 
+def episodes(xp: dict[str, jax.Array]) -> int:
+    """The completions sampled in a round (TRL's episodes): the rows of `completion` [n, R, N], else 0."""
+    return math.prod(xp["completion"].shape[:-1]) if "completion" in xp else 0
+
+
 class Trainer:
     """Runs `trainer.steps` optimizer steps of an Experiment; `state` holds the final TrainState."""
 
     def __init__(self, exp, hooks: list[Hook] | None = None):
         self.exp, self.alg = exp, exp.algorithm
         schedule = self.alg.schedule
-        self.plan = [i for _ in range(schedule.epochs) for i in range(schedule.minibatches)]
+        self.plan = range(schedule.epochs * schedule.minibatches)  # update's j: epoch j // m, minibatch j % m
         if exp.cfg.trainer.steps % len(self.plan):
             raise ConfigError(f"'trainer.steps'={exp.cfg.trainer.steps} is not a multiple of the "
                               f"{len(self.plan)} optimizer steps of a round (epochs x minibatches).")
@@ -90,8 +96,9 @@ class Trainer:
         xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)
         run.state = replace(run.state, algo=algo)
         run.tokens_per_step = self.alg.batch_tokens(xp) // self.alg.schedule.minibatches
-        for j, index in enumerate(self.plan):
-            run.state, metrics = run.programs.update(run.state, run.frozen, xp, index)
+        run.episodes_per_step = episodes(xp) / len(self.plan)
+        for j in self.plan:
+            run.state, metrics = run.programs.update(run.state, run.frozen, xp, j)
             if j == len(self.plan) - 1:
                 pending = self.feed.read()  # the host reads while the device runs the step
             run.step += 1

@@ -45,6 +45,9 @@ def test_kill_9_during_ppo_resumes_exactly(tmp_path):
     assert sorted(want) == list(range(1, 13))
     coefs = [want[s][1] for s in (1, 3, 5)]  # one per round of 2 steps, moved by the controller
     assert coefs[0] == pytest.approx(0.05) and coefs[0] != coefs[1] != coefs[2]
+    # TRL's eps: 8 prompts, one completion each, per round of 2 optimizer steps = 4 episodes a step
+    logged = [r for r in read_metrics(reference) if "eps" in r]
+    assert len(logged) == 11 and all(r["eps"] * r["perf/step_seconds"] == pytest.approx(4.0) for r in logged)
 
     run_dir = tmp_path / "run"
     kill_at_step_and_rerun(args(tmp_path, run_dir), run_dir, 7, str(tmp_path), last=12)
