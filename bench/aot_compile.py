@@ -13,6 +13,8 @@ import time
 
 from hydra import compose, initialize_config_module
 
+from rows import emit  # bench/ is on sys.path when run as a script
+
 DEFAULT = ["model=llama3_8b", "hardware=tpu_v5e", "hardware.topology=v5e:2x4",
            "mesh=fsdp", "mode=compile"]
 GiB = 1024**3
@@ -21,7 +23,7 @@ GiB = 1024**3
 def main(overrides: list[str]) -> None:
     t0 = time.perf_counter()
     from stack.build import build
-    from stack.compile import abstract_run, lower_and_compile, target_device
+    from stack.compile import abstract_run, lower_and_compile, target_devices
     from stack.parallel import bytes_per_device
 
     with initialize_config_module("stack.conf", version_base=None):
@@ -47,6 +49,8 @@ def main(overrides: list[str]) -> None:
           f"{r.argument_bytes / GiB:.2f} GiB, temp {r.temp_bytes / GiB:.2f} GiB, code {r.code_bytes / GiB:.2f} GiB, "
           f"total {r.total_bytes / GiB:.2f} GiB of {cfg.hardware.hbm_bytes_per_chip / GiB:.2f} GiB; "
           f"{r.flops:.3e} FLOPs per step")
+    emit(f"{cfg.model.name} on {cfg.hardware.topology}: per-device memory / HBM",
+         r.total_bytes / cfg.hardware.hbm_bytes_per_chip, "<= 1.0")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Data pipeline throughput, and how long the training loop waits for data.
 
     python bench/data_pipeline.py
+    python bench/data_pipeline.py --quick    # part 2 only, in one process, 80 steps per run
 
 1. examples/s of read + tokenize (+ pack) + batch over the shipped SFT sample, with the
    default background-thread prefetch, with 2 Grain worker processes, and packed.
@@ -13,6 +14,7 @@ idle machine is stretched by the busy XLA threads, so both numbers overstate wha
 accelerator host (whose cores are free) would see.
 """
 
+import argparse
 import tempfile
 import time
 from dataclasses import replace
@@ -21,7 +23,8 @@ import jax
 import numpy as np
 from hydra import compose, initialize_config_module
 
-from step_overhead import Capture, Fixed  # bench/ is on sys.path when run as a script
+from rows import emit  # bench/ is on sys.path when run as a script
+from step_overhead import Capture, Fixed
 from stack.build import build
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
@@ -47,12 +50,12 @@ def examples_per_second(overrides: list[str], batches: int = 300) -> float:
     return records / seconds
 
 
-def data_wait(overrides: list[str], fixed: bool = False) -> tuple[float, float]:
+def data_wait(overrides: list[str], steps: int, fixed: bool = False) -> tuple[float, float]:
     """Mean perf/data_wait_fraction and median step time of the tiny recipe (after compile).
 
     `fixed`: feed one batch forever instead (the control: no data work at all).
     """
-    cfg = config(["trainer.steps=300", "trainer.log_every=50", "trainer.eval_every=0", "logger=jsonl",
+    cfg = config([f"trainer.steps={steps}", f"trainer.log_every={steps // 6}", "trainer.eval_every=0", "logger=jsonl",
                   *overrides])
     exp = build(cfg, tempfile.mkdtemp())
     capture = Capture()
@@ -64,17 +67,22 @@ def data_wait(overrides: list[str], fixed: bool = False) -> tuple[float, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the loop's data wait in one process, 80 steps a run")
+    args = parser.parse_args()
+    steps = 80 if args.quick else 300
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s)")
-    for label, overrides in [("prefetch thread", []), ("2 worker processes", ["data.workers=2"]),
+    for label, overrides in [] if args.quick else [("prefetch thread", []), ("2 worker processes", ["data.workers=2"]),
                              ("packed, prefetch thread", ["data.packing=true"]),
                              ("packed, 2 workers", ["data.packing=true", "data.workers=2"])]:
         print(f"tokenize+batch {label:26s} {examples_per_second(overrides):10,.0f} examples/s")
-    _, fixed_step = data_wait([], fixed=True)
-    for label, overrides in [("tiny recipe", []), ("tiny recipe, packed", ["data.packing=true"]),
-                             ("tiny recipe, 2 workers", ["data.workers=2"])]:
-        wait, step = data_wait(overrides)
+    _, fixed_step = data_wait([], steps, fixed=True)
+    workers = [] if args.quick else [("tiny recipe, 2 workers", ["data.workers=2"])]
+    for label, overrides in [("tiny recipe", []), ("tiny recipe, packed", ["data.packing=true"]), *workers]:
+        wait, step = data_wait(overrides, steps)
         print(f"{label:24s} waits for data {wait:6.2%} of step time (goal < 2 %); "
               f"step {step * 1e3:.2f} ms = {step / fixed_step:.3f} x the step fed one fixed batch")
+        emit(f"data wait / step time ({label})", wait, "< 0.02")
 
 
 if __name__ == "__main__":

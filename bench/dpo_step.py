@@ -2,6 +2,7 @@
 
     python bench/dpo_step.py                 # tiny and medium
     python bench/dpo_step.py --sizes tiny
+    python bench/dpo_step.py --quick         # tiny, one trial
 
 Both run the real trainer (`stack.trainer.Trainer`) fed one fixed batch: SFT on 2B
 sequences, DPO on B preference pairs (policy forward + backward on chosen and rejected in
@@ -13,7 +14,8 @@ one pass, plus the frozen reference's forward in the round's `collect`). By FLOP
 import statistics
 from dataclasses import replace
 
-from step_overhead import Fixed, bench_args, experiment, ours  # bench/ is on sys.path when run as a script
+from rows import emit  # bench/ is on sys.path when run as a script
+from step_overhead import Fixed, bench_args, experiment, ours
 
 SIZES = {
     "tiny": ["model=llama_tiny", "data.seq_len=64", "trainer.steps=200"],
@@ -42,6 +44,7 @@ def main() -> None:
         s, d, p = statistics.median(sft), statistics.median(dpo), statistics.median(pre)
         print(f"{size:7s} SFT {2 * b} sequences {s * 1e3:8.2f} ms/step | DPO {b} pairs {d * 1e3:8.2f} ms/step "
               f"| ratio {d / s:.3f} (floor 1.33, goal <= 1.4) | precomputed reference {p / s:.3f} (floor 1.0)")
+        emit(f"DPO step / SFT step ({size})", d / s, "<= 1.4")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python bench/grpo_step.py                # llama_tiny (2 layers, d_model 64), byte vocab,
     python bench/grpo_step.py --trials 5     # G=4, 16 prompts per round, 8 new tokens, fp32
+    python bench/grpo_step.py --quick        # one trial
 
 The parts are the real programs of a run (stack.step, stack.algorithms.grpo), each timed
 alone on the same round after compiling: generation (the KV-cache sampler) and the old
@@ -21,7 +22,8 @@ import jax.numpy as jnp
 from flax import nnx
 from hydra import compose, initialize_config_module
 
-from step_overhead import bench_args  # bench/ is on sys.path when run as a script
+from rows import emit  # bench/ is on sys.path when run as a script
+from step_overhead import bench_args
 from stack.algorithms.onpolicy import completion_logps
 from stack.build import build
 from stack.rollout import generate, sample_keys
@@ -78,6 +80,7 @@ def main() -> None:
         shares = " | ".join(f"{k} {v / total:.2f}" for k, v in med.items() if k != "collect")
         print(f"{size}: {total * 1e3:.1f} ms per round (collect {med['collect'] * 1e3:.1f} ms); shares of the round: "
               f"{shares}; generation {'<' if med['generation'] < total / 2 else '>='} half of the round (goal <)")
+        emit(f"generation / GRPO round ({size})", med["generation"] / total, "< 0.5")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
     python bench/step_overhead.py            # tiny and medium
     python bench/step_overhead.py --sizes tiny --trials 5
+    python bench/step_overhead.py --quick    # tiny, one trial
 
 Both sides use the same model, batch and Optax chain (built from one config). Ours is the
 real trainer (`stack.trainer.Trainer`: rounds, hooks, donation), once fed the same fixed
 batch as the baseline (loop overhead) and once fed by the Grain pipeline (loop + data);
 the baseline is a bare jitted value_and_grad + optax update. Trials alternate and the
 minimum (least disturbed by other load on the machine) and the median are reported;
-the goal is a loop-overhead ratio <= 1.05.
+the goal is a loop-overhead ratio <= 1.05. Also reported: the medium step's achieved FLOP/s over
+the machine's matmul peak (`perf/mfu`, the peak measured by stack.hardware's probe; goal >= 0.60).
 """
 
 import argparse
@@ -23,6 +25,7 @@ import optax
 from flax import nnx
 from hydra import compose, initialize_config_module
 
+from rows import emit  # bench/ is on sys.path when run as a script
 from stack.build import build
 from stack.trainer import Trainer
 
@@ -99,10 +102,15 @@ def fresh(exp, **changes):
     return replace(exp, model=nnx.merge(graphdef, jax.tree.map(jnp.copy, state)), **changes)
 
 
-def ours(exp) -> float:
+def perf_row(exp) -> dict[str, float]:
+    """The run's logged perf/* over its steady window (every step after the compiling one)."""
     cap = Capture()
     Trainer(fresh(exp, sinks=(cap,))).run()
-    return next(r["perf/step_seconds"] for r in cap.rows if "perf/step_seconds" in r)
+    return next(r for r in cap.rows if "perf/step_seconds" in r)
+
+
+def ours(exp) -> float:
+    return perf_row(exp)["perf/step_seconds"]
 
 
 def baseline(exp) -> float:
@@ -139,7 +147,13 @@ def bench_args(doc: str, sizes: dict) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=list(sizes), choices=list(sizes))
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help=f"only {next(iter(sizes))}, one trial, <= 80 steps")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.trials = args.sizes[:1], 1
+        steps = [o for o in sizes[args.sizes[0]] if o.startswith("trainer.steps=")]
+        if steps and int(steps[0].split("=")[1]) > 80:
+            sizes[args.sizes[0]] = [o for o in sizes[args.sizes[0]] if o not in steps] + ["trainer.steps=80"]
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.trials} alternating trials")
     return args
 
@@ -149,15 +163,21 @@ def main() -> None:
     for size in args.sizes:
         exp = experiment(SIZES[size])
         fixed = exp.eval_batches[0]
-        a, b, c = [], [], []
+        a, b, c, mfu = [], [], [], []
         for _ in range(args.trials):
             b.append(baseline(exp))
-            a.append(ours(replace(exp, train_batches=Fixed(fixed))))
+            row = perf_row(replace(exp, train_batches=Fixed(fixed)))
+            a.append(row["perf/step_seconds"])
+            mfu.append(row["perf/mfu"])
             c.append(ours(replace(exp, train_batches=experiment(SIZES[size]).train_batches)))
         for label, xs in (("loop, fixed batch", a), ("loop + Grain data", c)):
             print(f"{size:7s} {label:18s} min {min(xs) * 1e3:8.2f} ms/step (median {statistics.median(xs) * 1e3:7.2f})"
                   f" | hand-written jit min {min(b) * 1e3:8.2f} (median {statistics.median(b) * 1e3:7.2f})"
                   f" | ratio of mins {min(xs) / min(b):.3f}, of medians {statistics.median(xs) / statistics.median(b):.3f}")
+        print(f"{size:7s} achieved FLOP/s over the matmul peak (perf/mfu) {max(mfu):.3f} (goal >= 0.60 at medium)")
+        emit(f"loop overhead ({size})", min(a) / min(b), "<= 1.05")
+        emit(f"loop + Grain data ({size})", min(c) / min(b), "<= 1.05")
+        emit(f"FLOP/s / matmul peak ({size})", max(mfu), ">= 0.60")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from flax import nnx
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
+from rows import emit  # bench/ is on sys.path when run as a script
 from stack.build import build
 from stack.data import records
 from stack.data.chat import TEMPLATES
@@ -231,6 +232,7 @@ def main() -> None:
         print(f"{size}: stack {a * 1e3:.1f} ms per round (min {min(ours) * 1e3:.1f}) | tunix {b * 1e3:.1f} ms "
               f"(min {min(theirs) * 1e3:.1f}) | ratio stack/tunix of medians {a / b:.3f}, of mins "
               f"{min(ours) / min(theirs):.3f} (goal < 1)")
+        emit(f"stack / Tunix GRPO round ({size})", a / b, "< 1")
         print("  a round: sample + reward + advantages + 1 update in both (no old log-probs forward at "
               "num_iterations 1); stack scores in a worker process, tunix in-process")
 

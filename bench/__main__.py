@@ -1,0 +1,81 @@
+"""Every bench, one table: `python -m bench` (full sizes) or `python -m bench --quick` (the same rows
+at smaller sizes and one trial, a few minutes on 2 cores), from the repository root.
+
+Each bench runs in its own process (its XLA flags and threads are its own) and prints its usual
+lines plus its rows (bench/rows.py); the table lists bench, ratio, goal and `ok` or `miss` last.
+A bench that needs a package that is not installed (libtpu, Tunix) is named under the table.
+"""
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+from bench.rows import holds, parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# script: (arguments at full size, arguments with --quick, the module it needs or None)
+BENCHES = {
+    "step_overhead": ([], ["--quick"], None),
+    "dpo_step": ([], ["--quick"], None),
+    "grpo_step": ([], ["--quick"], None),
+    "rollout": ([], ["--quick"], None),
+    "log_every": ([], ["--quick"], None),
+    "data_pipeline": ([], ["--quick"], None),
+    "checkpoint": ([], ["--quick"], None),
+    "first_step": ([], ["--quick"], None),
+    "sweep_parallel": ([], ["--quick"], None),
+    "quant_step": ([], ["--quick"], None),
+    "aot_compile": ([], ["model=llama3_1b"], "libtpu"),
+    "tunix_grpo": ([], ["--trials", "1", "--rounds", "4", "--warmup", "1"], "tunix"),
+}
+
+
+def run(script: str, args: list[str]) -> tuple[list[dict], str]:
+    """(rows, '' or why the bench failed) of one bench process."""
+    res = subprocess.run([sys.executable, os.path.join(HERE, f"{script}.py"), *args], capture_output=True, text=True,
+                         check=False)
+    rows = parse(res.stdout)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return rows, f"exit {res.returncode}: {last[:120]}"
+    return rows, "" if rows else "printed no row"
+
+
+def table(results: dict[str, tuple[list[dict], str]]) -> list[str]:
+    """The table lines: bench, ratio, goal, then ok or miss."""
+    lines = [f"{'bench':64s} {'ratio':>8s}  {'goal':10s}"]
+    for script, (rows, failure) in results.items():
+        for r in rows:
+            verdict = "ok" if holds(r["ratio"], r["goal"]) else "miss"
+            lines.append(f"{script + ': ' + r['name']:64s} {r['ratio']:8.3f}  {r['goal']:10s} {verdict}")
+        if failure:
+            lines.append(f"{script + ': failed (' + failure + ')':94s} miss")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one trial")
+    parser.add_argument("benches", nargs="*", help=f"a subset of {', '.join(BENCHES)} (default: all)")
+    args = parser.parse_args()
+    if unknown := sorted(set(args.benches) - set(BENCHES)):
+        parser.error(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
+    results, missing, start = {}, [], time.perf_counter()
+    for script in args.benches or BENCHES:
+        full, quick, needs = BENCHES[script]
+        if needs and importlib.util.find_spec(needs) is None:
+            missing.append(f"{script} (needs {needs})")
+            continue
+        began = time.perf_counter()
+        results[script] = run(script, quick if args.quick else full)
+        print(f"ran {script} in {time.perf_counter() - began:.0f} s", flush=True)
+    print("\n".join(table(results)))
+    print(f"{time.perf_counter() - start:.0f} s" + (f"; not run: {', '.join(missing)}" if missing else ""))
+    sys.exit(1 if any(failure for _, failure in results.values()) else 0)
+
+
+if __name__ == "__main__":
+    main()

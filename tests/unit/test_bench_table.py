@@ -1,0 +1,34 @@
+"""`python -m bench`'s table: the rows benches print are read back, judged against their goals
+(bounds included or not as written), and every line ends with ok or miss."""
+
+import pytest
+
+from bench.__main__ import BENCHES, table
+from bench.rows import emit, holds, parse
+
+
+@pytest.mark.parametrize("ratio, goal, want", [(0.05, "<= 0.05", True), (0.051, "<= 0.05", False),
+                                               (0.5, "< 0.5", False), (0.49, "< 0.5", True),
+                                               (5.0, ">= 5", True), (4.9, ">= 5", False), (1.0, "> 1", False)])
+def test_a_goal_holds_as_written(ratio, goal, want):
+    assert holds(ratio, goal) is want
+
+
+def test_rows_printed_by_a_bench_make_the_table(capsys):
+    print("a human line, ratio 9.9 (goal <= 1)")
+    emit("async save / sync save (110 MB)", 0.27, "<= 0.05")
+    emit("KV-cache decode speed-up (tiny)", 7.25, ">= 5")
+    rows = parse(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["async save / sync save (110 MB)", "KV-cache decode speed-up (tiny)"]
+    lines = table({"checkpoint": (rows[:1], ""), "rollout": (rows[1:], ""), "dpo_step": ([], "exit 1: Boom")})
+    assert [line.split()[-1] for line in lines[1:]] == ["miss", "ok", "miss"]
+    assert "0.270" in lines[1] and "<= 0.05" in lines[1] and "7.250" in lines[2] and "exit 1: Boom" in lines[3]
+
+
+def test_every_bench_script_is_in_the_runner():
+    import os
+
+    from tests.conftest import REPO
+
+    scripts = {f[:-3] for f in os.listdir(os.path.join(REPO, "bench")) if f.endswith(".py")}
+    assert scripts - {"__main__", "rows"} == set(BENCHES)
