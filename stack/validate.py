@@ -22,6 +22,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
     "model.rope_scaling.type": ("default", "llama3"),
+    "model.remat": ("none", "full", "dots"),
     "checkpoint.name": ("none", "local", "persistent", "multi_tier"),
     "hardware.platform": ("cpu", "gpu", "tpu"),
 }

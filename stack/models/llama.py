@@ -5,6 +5,9 @@ Every parameter carries logical-axis sharding metadata (`out_sharding`), names a
 `embed`, `layers/<i>/attn/{q,k,v,o}_proj`, `layers/<i>/mlp/{gate,up,down}_proj`,
 `layers/<i>/{attn,mlp}_norm`, `norm`, `lm_head` (absent when embeddings are tied).
 
+Training memory: `model.remat` (`full`, `dots`) wraps each decoder layer in `nnx.remat`, so the
+backward recomputes the layer from its input (keeping matmul outputs with `dots`).
+
 Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens'
 keys and values into the cache's fixed slots, attends over every valid slot up to each
 query's and returns (logits, the updated cache). `init_cache` makes an empty cache.
@@ -26,6 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+# model.remat: what a rematerialised layer keeps for the backward (None: only its input)
+REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 Array = jax.Array
 
@@ -157,6 +163,7 @@ class Llama(nnx.Module):
             raise ValueError(f"head_dim={head_dim} must be even for RoPE")
         self.dtype = dtype
         self.tie_embeddings = bool(cfg.tie_embeddings)
+        self.remat = str(getattr(cfg, "remat", "none"))
         # static (hashable) RoPE table; the config itself is not stored (it is unhashable)
         self.inv_freq = tuple(rope_inv_freq(head_dim, cfg.rope_theta, cfg.rope_scaling).tolist())
         embed_init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), ("vocab", "embed"))
@@ -214,9 +221,12 @@ class Llama(nnx.Module):
         if segment_ids is not None:
             mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
         inv_freq = np.asarray(self.inv_freq, np.float32)
+        call = lambda layer, x, positions, mask: layer(x, positions, mask, inv_freq)  # noqa: E731
+        if self.remat != "none":  # the backward recomputes each layer from its input (what `policy` saves aside)
+            call = nnx.remat(call, policy=REMAT_POLICIES[self.remat])
         x = self.embed(tokens)
         for layer in self.layers:
-            x = layer(x, positions, mask, inv_freq)
+            x = call(layer, x, positions, mask)
         return x
 
     def head(self, x: Array) -> Array:
