@@ -138,16 +138,26 @@ def compare(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
             drift.append(f"{metric}: mean relative residual {mean:+.4f} over {len(residuals)} steps "
                          f"(allowed {expected['mean_tolerance']:g})")
     out = ([f"  {'step':>5}  {'metric':<28} {'expected':>12} {'got':>12}  rtol", *rows] if rows else []) + drift
+    out += config_changes(expected, got)
+    return out + version_note(expected, got) if out else out
+
+
+def config_changes(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """The resolved-config keys that differ from the expectation's snapshot, one line each."""
     changed = [f"  {k}: {expected['config'].get(k, '<absent>')!r} -> {got['config'].get(k, '<absent>')!r}"
                for k in sorted(set(expected["config"]) | set(got["config"]))
                if expected["config"].get(k) != got["config"].get(k)]
-    out += ["the resolved config changed (re-record if intended):", *changed] if changed else []
-    if out and expected["recorded_with"] != got["recorded_with"]:
-        diff = {k: f"{v} -> {got['recorded_with'].get(k)}" for k, v in expected["recorded_with"].items()
-                if got["recorded_with"].get(k) != v}
-        out.append(f"recorded with other versions or another machine ({diff}): numbers may move across "
-                   "them; re-record with python -m stack.recipes record NAME when the change is expected.")
-    return out
+    return ["the resolved config changed (re-record if intended):", *changed] if changed else []
+
+
+def version_note(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """A line naming the versions or machine that differ from the recording's (none if equal)."""
+    if expected["recorded_with"] == got["recorded_with"]:
+        return []
+    diff = {k: f"{v} -> {got['recorded_with'].get(k)}" for k, v in expected["recorded_with"].items()
+            if got["recorded_with"].get(k) != v}
+    return [f"recorded with other versions or another machine ({diff}): numbers may move across "
+            "them; re-record with python -m stack.recipes record NAME when the change is expected."]
 
 
 def _g(x: float | None) -> str:
@@ -171,9 +181,11 @@ def record(names: list[str]) -> None:
     dirty = dirty_tree()
     if dirty:
         raise SystemExit(f"error: refusing to record on a dirty tree; commit or stash first:\n{dirty}")
+    from stack.recipe_compile import compiled_run, is_real_size
+
     for name in names:
         with tempfile.TemporaryDirectory() as run_dir:
-            exp = shrunk_run(name, run_dir)
+            exp = compiled_run(name) if is_real_size(recipe_config(name)) else shrunk_run(name, run_dir)
         path = os.path.join(expected_dir(), f"{name}.json")
         with open(path, "w") as f:
             json.dump(exp, f, indent=1, sort_keys=True)
@@ -196,8 +208,13 @@ def show(name: str) -> str:
     path = os.path.join(expected_dir(), f"{name}.json")
     expected = json.load(open(path)) if os.path.exists(path) else {}
     finals = "  ".join(f"{k}={list(v.values())[-1]:.4g}" for k, v in expected.get("steps", {}).items() if v)
-    return "\n".join([*header(text), "", f"groups:   {choices}", f"settings: {settings}",
-                      f"expected (shrunk: {' '.join(SHRINK[:3])} ...): {finals or '-'}"])
+    if "compile" in expected:  # a real-size recipe (stack.recipe_compile)
+        c = expected["compile"]
+        finals = (f"(mode=compile) {c['per_device_gib']:.2f} GiB per device, {c['flops_per_device']:.4g} FLOPs per "
+                  f"device per step, {'fits' if c['fits'] else 'does not fit'}")
+    else:
+        finals = f"(shrunk: {' '.join(SHRINK[:3])} ...): {finals or '-'}"
+    return "\n".join([*header(text), "", f"groups:   {choices}", f"settings: {settings}", f"expected {finals}"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Every recipe, shrunk (stack.recipes.SHRINK), against `recipes/expected/NAME.json`: per-step
+"""Every small (CPU) recipe, shrunk (stack.recipes.SHRINK), against `recipes/expected/NAME.json`: per-step
 loss, gradient norm, objective (and reward) within a per-metric tolerance, no systematic drift,
 and the same resolved config. A failure prints step, metric, expected, got and tolerance, and
 names a version or machine change. Re-record on purpose: `python -m stack.recipes record NAME`.
@@ -9,12 +9,15 @@ import os
 
 import pytest
 
-from stack.recipes import compare, shrunk_run
+from stack.recipe_compile import is_real_size
+from stack.recipes import compare, recipe_config, shrunk_run
 from stack.schema import recipe_files
 from tests.conftest import REPO, make_cfg
 
+SMALL = sorted(n for n in recipe_files() if not is_real_size(recipe_config(n)))  # real size: test_real_size.py
 
-@pytest.mark.parametrize("recipe", sorted(recipe_files()))
+
+@pytest.mark.parametrize("recipe", SMALL)
 def test_recipe_matches_expected(recipe, tmp_path):
     with open(os.path.join(REPO, "recipes", "expected", f"{recipe}.json")) as f:
         expected = json.load(f)

@@ -13,7 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from stack.build import initial_model  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
 from stack.models.hf_config import take_architecture  # noqa: E402
-from stack.models.llama import rope_inv_freq  # noqa: E402
+from stack.models.rope import rope_inv_freq  # noqa: E402
 from stack.validate import validate  # noqa: E402
 from tests.conftest import make_cfg  # noqa: E402
 

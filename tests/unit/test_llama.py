@@ -11,7 +11,8 @@ from flax import nnx
 
 from tests.conftest import make_cfg
 
-from stack.models.llama import Llama, abstract_model, apply_rope, init_model, param_count, rope_inv_freq
+from stack.models.llama import Llama, abstract_model, init_model, param_count
+from stack.models.rope import apply_rope, rope_inv_freq
 from stack.schema.model import ModelConfig, RopeScalingConfig
 
 LOGICAL = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm"}

@@ -65,3 +65,34 @@ def test_record_refuses_a_dirty_tree(tmp_path, monkeypatch):
     monkeypatch.setattr(recipes, "expected_dir", lambda: str(tmp_path / "expected"))
     with pytest.raises(SystemExit, match="(?s)refusing to record on a dirty tree.*untracked.txt"):
         recipes.record(["llama_sft"])
+
+
+REPORT = """mode=compile: model=llama3_8b on hardware=tpu_v5e (v5e:2x4, 8 device(s), 1 host(s)), mesh=fsdp
+per device total: 15.13 GiB of 16.00 GiB HBM (95%)
+FLOPs per device per step: 4.373e+13 (XLA), 4.693e+13 (model formula); predicted step time ...
+fits: 15.13 GiB <= 16.00 GiB
+"""
+
+
+def test_a_compile_report_is_read_and_compared_with_its_tolerance():
+    from stack.recipe_compile import TOLERANCE, compare_compile, parse_report
+
+    got = parse_report(REPORT)
+    assert got == {"per_device_gib": 15.13, "flops_per_device": 4.373e13, "fits": True}
+    assert not parse_report(REPORT.replace("fits: 15.13", "does not fit: 15.13"))["fits"]
+    expected = {"compile": got, "tolerance": TOLERANCE, "config": {"a": 1}, "recorded_with": {"jax": "0.10.2"}}
+    near = {**expected, "compile": {**got, "per_device_gib": 15.13 * 1.019}}
+    assert compare_compile(expected, near) == []
+    far = {**expected, "compile": {**got, "per_device_gib": 15.6, "fits": False}, "recorded_with": {"jax": "0.11"}}
+    problems = compare_compile(expected, far)
+    assert problems[1].split() == ["per_device_gib", "15.13", "15.6", "0.02"]
+    assert problems[2] == "fits: expected True, got False" and "0.10.2 -> 0.11" in problems[-1]
+    with pytest.raises(RuntimeError, match="no per-device total"):
+        parse_report("Error: libtpu not found")
+
+
+def test_real_size_recipes_are_told_from_small_ones():
+    from stack.recipe_compile import is_real_size
+
+    sizes = {name: is_real_size(recipes.recipe_config(name)) for name in recipe_files()}
+    assert not sizes["llama_sft"] and sizes["llama3_8b_sft_tpu_v5e"]
