@@ -3,6 +3,8 @@ and prompt position restored, across an epoch boundary of the prompts), and the 
 
 import json
 
+import pytest
+
 from tests.conftest import read_metrics, run_cli
 from tests.integration.test_resume import kill_at_step_and_rerun
 
@@ -36,6 +38,7 @@ def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path):
     assert rewards(run_dir) == want  # exactly, step by step
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_the_recipe_trains_its_warm_start_first_and_a_rerun_reuses_it(tmp_path):
     run_dir = tmp_path / "run"
     cmd = ["+recipe=llama_grpo", "trainer.steps=2", "trainer.eval_every=0", "trainer.eval_batches=1",

@@ -83,6 +83,7 @@ def test_generate_explains_a_bad_path_and_an_impossible_length(tmp_path):
     assert res.returncode == 2 and "max_seq_len=2048" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
     """`--merge-adapters` writes W + (alpha/rank) B A into the safetensors: transformers' logits
     equal the stack model with its adapters (base rebuilt from the run's seed, adapters loaded)."""

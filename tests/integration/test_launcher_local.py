@@ -25,7 +25,7 @@ def assert_same_losses(a, b) -> None:
     assert list(a.values()) == pytest.approx(list(b.values()), rel=1e-5)  # summation order differs only
 
 
-@pytest.mark.parametrize("algorithm", sorted(RUNS))
+@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a == "sft" else a for a in sorted(RUNS)])  # sft: slow tier
 def test_two_processes_train_like_one(algorithm, tmp_path):
     args = RUNS[algorithm] + COMMON
     one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))

@@ -90,6 +90,7 @@ PRECOMPUTED = [f"algorithm=dpo data=jsonl_prefs data.batch_size=8 algorithm.prec
                for m in ("mesh=single", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2")]
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_lora_qlora_and_precomputed_dpo_under_meshes_match_single_device():
     env = fake_devices(8)
     out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *ADAPTED, *PRECOMPUTED], cwd=REPO,
@@ -122,6 +123,7 @@ GRPO_MESHES = [f"algorithm=grpo data=jsonl_prompts algorithm.num_generations=2 a
                for m in ("mesh=single", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2")]
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_grpo_generation_and_training_under_meshes_and_lora_match_single_device():
     """The KV cache is laid out by the same logical rules as the activations; sampling keys do
     not depend on the mesh, so every mesh draws the same completions and gets the same losses."""

@@ -37,6 +37,7 @@ def per_step(run_dir) -> dict[int, tuple[float, float, float]]:
             for r in read_metrics(run_dir) if "train/loss" in r}
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_kill_9_during_ppo_resumes_exactly(tmp_path):
     reference = tmp_path / "reference"
     res = run_cli(args(tmp_path, reference), cwd=str(tmp_path))

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import run_cli
 
 
@@ -13,6 +15,7 @@ def _module(name: str, args: list[str], cwd: str) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", name, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_quantize_a_run_report_and_generate_from_it(tmp_path):
     run = tmp_path / "sft"
     res = run_cli(["+recipe=llama_sft", "trainer.steps=20", "trainer.eval_every=0", "trainer.eval_batches=1",

@@ -148,6 +148,7 @@ def _leaves(tree):
     return jax.tree.leaves(tree)
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_multi_tier_resumes_from_the_newest_step_across_tiers(tmp_path, reference):
     run_dir, durable = tmp_path / "run", tmp_path / "durable"
     args = ARGS + ["logger=jsonl", f"run_dir={run_dir}", "checkpoint=multi_tier", "checkpoint.every=4",
@@ -168,6 +169,7 @@ def test_multi_tier_resumes_from_the_newest_step_across_tiers(tmp_path, referenc
     assert losses(run_dir) == reference
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_restore_onto_another_mesh_from_another_run(tmp_path, reference):
     """8 devices with fsdp write the checkpoint; 8 devices with dp resume it (resume=PATH)."""
     env = fake_devices(8)
@@ -212,6 +214,7 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
     np.testing.assert_array_equal(np.asarray(model.embed.embedding[...]), own)  # the policy is untouched
 
 
+@pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
 def test_lora_dpo_with_precomputed_reference_resumes_from_the_saved_columns(tmp_path):
     """The reference log-probs are stored in every step and read back on resume (the policy has
     moved, so recomputing them would be wrong); the checkpoint holds the adapters only."""
