@@ -5,9 +5,10 @@ params, optimizer state, algorithm state, step and PRNG key, as sharded in train
 stack.step), `data` (the Grain iterator state before the next batch was read) and
 `meta` (step, the checkpoint format, the resolved config, the math-relevant keys as composed,
 the wandb run id) and, where the algorithm precomputes per-record values before training,
-`columns` (those tables, so a resume never recomputes them from a policy that has moved). Saves are async (the
-step waits only for the device-to-host copy); Orbax finalises a step atomically, so a step
-killed mid-save is never listed. Restore tries the newest step across all tiers and falls
+`columns` (those tables, so a resume never recomputes them from a policy that has moved).
+Saves are async (the caller waits only for the device-to-host copy; stack.trainer.save_overlap
+moves even that off the loop); Orbax finalises a step atomically, so a step killed mid-save
+is never listed. Restore tries the newest step across all tiers and falls
 back to older ones with a warning when a step cannot be read; it never restarts from
 scratch while checkpoints exist.
 """
@@ -18,6 +19,7 @@ import shutil
 import sys
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import jax
@@ -25,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from omegaconf import DictConfig, OmegaConf
 
-from stack.checkpoint_errors import aborted_write, writing
+from stack.checkpoint_errors import aborted_write, check_format, writing
 from stack.errors import ConfigError
 from stack.quant.config import has_adapters, is_post_training
 
@@ -119,14 +121,15 @@ class Checkpointer:
             self._other = ocp.CheckpointManager(os.path.abspath(self.resume) if "://" not in self.resume
                                                 else self.resume, options=ocp.CheckpointManagerOptions(read_only=True))
 
-    def due(self, step: int) -> list[Tier]:
-        return [t for t in self.tiers if t.every and step % t.every == 0]
+    @cached_property
+    def _configs(self) -> dict[str, Any]:
+        """The meta's config items (once: resolving the config takes ~60 ms)."""
+        return {"config": math_config(self.cfg), "resolved_config": OmegaConf.to_container(self.cfg, resolve=True)}
 
     def save(self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any],
              tiers: list[Tier] | None = None, block: bool = False, columns: dict[str, Any] | None = None) -> None:
         """Save to `tiers` (default: all); async unless `block`."""
-        meta = {**meta, "step": step, "format": FORMAT, "config": math_config(self.cfg),
-                "resolved_config": OmegaConf.to_container(self.cfg, resolve=True)}
+        meta = {**meta, "step": step, "format": FORMAT, **self._configs}
         for tier in self.tiers if tiers is None else tiers:
             if step in tier.manager.all_steps():
                 continue  # e.g. the final step that was also a cadence step
@@ -168,7 +171,7 @@ class Checkpointer:
         for step, path, manager in self._candidates():
             try:
                 meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-                check_format(meta, f"{path}/{step}")  # an old layout or a changed config is an
+                check_format(meta, f"{path}/{step}", FORMAT)  # an old layout or a changed config is an
                 self._check_config(meta, f"{path}/{step}")  # error, not a bad step
                 items = dict(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
                              meta=ocp.args.JsonRestore())
@@ -222,18 +225,6 @@ class Checkpointer:
                 tier.manager.close()
         if self._other is not None:
             self._other.close()
-
-
-def check_format(meta: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint whose state layout this version cannot read."""
-    found = meta.get("format", 1)
-    if found != FORMAT:
-        raise ConfigError(
-            f"Checkpoint {where} has format {found} (params and an optax.MultiSteps optimizer state, "
-            f"written before the trainer redesign); this version resumes format {FORMAT} only (a TrainState "
-            "with step, PRNG key and algorithm state; gradient accumulation inside the step), so its "
-            "optimizer state cannot be read. Start a new run dir (model.init_from=<that checkpoints dir> "
-            "still loads its params), or finish that run with the stack version that wrote it.")
 
 
 class Saved(NamedTuple):

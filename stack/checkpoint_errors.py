@@ -1,6 +1,6 @@
 """Failed checkpoint saves: one paragraph (which step, where, the OS error, what still
 restores) instead of Orbax/TensorStore tracebacks. Orbax never commits a half-written step, so
-the previous one restores on the rerun."""
+the previous one restores on the rerun. A checkpoint of an older layout: refused, one paragraph."""
 
 import re
 import sys
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from stack.errors import RunFailed, short
+from stack.errors import ConfigError, RunFailed, short
 
 
 @contextmanager
@@ -46,3 +46,15 @@ def _os_error(exc: Exception) -> str:
     if found:
         return f"{found.group(1).strip()} (errno {found.group(2)})"
     return short((text.splitlines() or [type(exc).__name__])[-1], 300)
+
+
+def check_format(meta: dict[str, Any], where: str, expected: int) -> None:
+    """Refuse a checkpoint whose state layout this version cannot read."""
+    found = meta.get("format", 1)
+    if found != expected:
+        raise ConfigError(
+            f"Checkpoint {where} has format {found} (params and an optax.MultiSteps optimizer state, "
+            f"written before the trainer redesign); this version resumes format {expected} only (a TrainState "
+            "with step, PRNG key and algorithm state; gradient accumulation inside the step), so its "
+            "optimizer state cannot be read. Start a new run dir (model.init_from=<that checkpoints dir> "
+            "still loads its params), or finish that run with the stack version that wrote it.")

@@ -21,4 +21,7 @@ class CheckpointConfig:
     keep: int = 2
     persistent: Optional[TierConfig] = None  # a second, less frequent durable tier
     async_save: bool = True
+    # hand each save to a thread, on a device copy of the state, so the device-to-host transfer
+    # overlaps the next steps; null: only when that copy fits in free device memory (stack.trainer.save_overlap)
+    overlap: Optional[bool] = None
     resume: str = "auto"  # auto | never | PATH

@@ -1,16 +1,20 @@
 """The checkpoint hook: saves at round ends when a tier's cadence is crossed, at the last step,
-and (blocking) when the run is preempted; never after a non-finite loss."""
+and (blocking) when the run is preempted; never after a non-finite loss. Saves overlap the
+next steps where `checkpoint.overlap` allows (stack.trainer.save_overlap)."""
 
+from functools import partial
 from typing import Any
 
 from stack.trainer.context import PREEMPTED, RUNNING, Hook, Run
 from stack.trainer.nonfinite import NonFinite
+from stack.trainer.save_overlap import SaveThread, copy_fits, snapshot
 
 
 class Checkpointing(Hook):
-    def __init__(self, checkpointer: Any, guard: NonFinite):
-        self.ckpt, self.guard = checkpointer, guard
+    def __init__(self, checkpointer: Any, guard: NonFinite, overlap: bool | None = None):
+        self.ckpt, self.guard, self.overlap = checkpointer, guard, overlap
         self.last = 0  # the step of the previous round end
+        self.thread = SaveThread()
 
     def on_start(self, run: Run) -> None:
         self.last = run.step
@@ -23,7 +27,28 @@ class Checkpointing(Hook):
         if not tiers or run.status not in (RUNNING, PREEMPTED) or not self.guard.check(run):
             return
         with run.clock.paused():
-            meta = {"wandb_id": run.exp.wandb_id}
-            self.ckpt.save(run.step, run.state.saved(), run.data_state, meta, tiers,
-                           block=run.status == PREEMPTED, columns=run.columns)
+            self.save(run.step, run.state.saved(), run.data_state, {"wandb_id": run.exp.wandb_id}, tiers,
+                      run.columns, block=run.status == PREEMPTED)
         run.checkpoint = f"{tiers[0].path}/{run.step}"
+
+    def save(self, step: int, state: Any, data: Any, meta: dict[str, Any], tiers: list[Any], columns: Any = None,
+             block: bool = False) -> None:
+        """Save `state` to `tiers`: in a thread on a device copy where overlapping is allowed, else
+        Orbax's async save (the caller waits for the device-to-host copy), or all of it if `block`."""
+        self.thread.join()  # the previous save's errors surface here
+        if block or not self._overlaps(state):
+            self.ckpt.save(step, state, data, meta, tiers, block=block, columns=columns)
+        else:
+            self.thread.start(partial(self.ckpt.save, step, snapshot(state), data, meta, tiers, columns=columns))
+
+    def on_end(self, run: Run) -> None:
+        self.thread.join()
+
+    def _overlaps(self, state: Any) -> bool:
+        """`checkpoint.overlap`; null is decided at the first save, once the step's peak memory is known."""
+        if self.overlap is None:
+            self.overlap, why = copy_fits(state)
+            if not self.overlap:
+                print(f"checkpoint.overlap=null: saves block for the device-to-host copy ({why}); "
+                      "checkpoint.overlap=true forces overlapping", flush=True)
+        return self.overlap

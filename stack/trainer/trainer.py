@@ -39,7 +39,7 @@ def default_hooks(exp, feed: Feed) -> list[Hook]:
     hooks: list[Hook] = [MetricsLog(feed, t.log_every), Throughput(feed, t.log_every), guard,
                          Evaluation(t.eval_every), Signals()]
     if exp.checkpointer is not None:
-        hooks.append(Checkpointing(exp.checkpointer, guard))
+        hooks.append(Checkpointing(exp.checkpointer, guard, exp.cfg.checkpoint.overlap))
     if t.profile is not None:
         hooks.append(Profiler(*t.profile, os.path.join(exp.run_dir, "profile")))
     return hooks

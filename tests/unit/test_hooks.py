@@ -5,15 +5,18 @@ import signal
 import time
 from types import SimpleNamespace
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from stack.checkpoint import Checkpointer
 from stack.trainer.checkpointing import Checkpointing
 from stack.trainer.context import COMPLETED, NONFINITE, PREEMPTED, RUNNING, Clock
 from stack.trainer.metrics import MetricsLog
 from stack.trainer.nonfinite import NonFinite
+from stack.trainer.save_overlap import SaveThread, copy_fits
 from stack.trainer.signals import Signals
 from tests.conftest import make_cfg
 
@@ -67,6 +70,7 @@ def test_checkpoints_fall_where_a_round_crosses_the_cadence(tmp_path):
     for step in (4, 8, 12, 14, 18):
         run.step, run.done, run.state = step, step == 18, State(float(step))
         hook.after_round(run)
+    hook.on_end(run)
     ckpt.close()
     assert ocp.CheckpointManager(str(tmp_path / "checkpoints")).all_steps() == [4, 8, 12, 18]
     assert run.checkpoint == f"{tmp_path}/checkpoints/18"
@@ -85,6 +89,41 @@ def test_no_checkpoint_after_a_nonfinite_loss_and_a_blocking_one_when_preempted(
     hook.after_round(run)  # a blocking save: on disk when the call returns
     assert os.path.isdir(tmp_path / "checkpoints" / "2")
     ckpt.close()
+
+
+def test_an_overlapped_save_holds_its_step_while_the_next_step_donates_the_live_state(tmp_path):
+    """The save runs in a thread on a device copy: the loop goes on at once, the next (donating)
+    step deletes the live buffers, and the checkpoint still holds the values of the saved step."""
+    cfg = make_cfg(["checkpoint=local", "checkpoint.every=1", "trainer.steps=10"])
+    ckpt = Checkpointer(cfg, str(tmp_path))
+    hook, run = Checkpointing(ckpt, NonFinite("stop"), overlap=True), record()
+    state = {"params": {"w": jnp.arange(2**20, dtype=jnp.float32)}, "step": jnp.int32(3)}
+    hook.save(3, state, {"next_index": 3}, {}, ckpt.tiers)
+    stepped = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)(state)
+    assert state["params"]["w"].is_deleted() and float(stepped["params"]["w"][0]) == 1.0
+    hook.on_end(run)
+    ckpt.close()
+    saved = ocp.CheckpointManager(str(tmp_path / "checkpoints")).restore(
+        3, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state
+    np.testing.assert_array_equal(saved["params"]["w"], np.arange(2**20, dtype=np.float32))
+    assert int(saved["step"]) == 3
+
+
+def test_overlap_by_default_only_where_a_copy_of_the_state_fits():
+    state = {"w": jnp.zeros((2**20,), jnp.float32)}  # 4 MiB
+    mib = 2**20
+    assert copy_fits(state, {"bytes_limit": 100 * mib, "peak_bytes_in_use": 95 * mib})[0]
+    fits, why = copy_fits(state, {"bytes_limit": 100 * mib, "peak_bytes_in_use": 97 * mib})
+    assert not fits and why == "a copy of the state needs 4 MiB per device, 3 MiB are free"
+    assert copy_fits(state)[0]  # CPU: no device memory limit
+
+
+def test_a_failed_save_thread_raises_at_the_next_join_once():
+    thread = SaveThread()
+    thread.start(lambda: open("/nonexistent/dir/file", "w"))
+    with pytest.raises(FileNotFoundError):
+        thread.join()
+    thread.join()  # reported once
 
 
 def test_signals_turn_into_a_preemption_at_the_round_end():
