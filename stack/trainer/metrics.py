@@ -63,11 +63,13 @@ class Throughput(Hook):
         if is_log_step(run, self.every) and self.window_steps:
             seconds = run.clock.now() - self.window_start
             row.update(self._rates(run, self.window_steps, seconds))
-            row["perf/data_wait_fraction"] = self.feed.waited / seconds
+            row["perf/data_wait_fraction"] = self.feed.stalled / seconds  # the device waited for data
+            row["perf/data_read_fraction"] = self.feed.read_seconds / seconds  # the host read (overlapped)
             self._reset(run)
 
     def _reset(self, run: Run) -> None:
-        self.window_start, self.window_steps, self.feed.waited = run.clock.now(), 0, 0.0
+        self.window_start, self.window_steps = run.clock.now(), 0
+        self.feed.read_seconds = self.feed.stalled = 0.0
 
     def _rates(self, run: Run, steps: int, seconds: float) -> dict[str, float]:
         exp = run.exp

@@ -100,7 +100,7 @@ class Trainer:
         for j in self.plan:
             run.state, metrics = run.programs.update(run.state, run.frozen, xp, j)
             if j == len(self.plan) - 1:
-                pending = self.feed.read()  # the host reads while the device runs the step
+                pending = self.feed.read(busy=metrics)  # the host reads while the device runs the step
             run.step += 1
             row: dict[str, float] = {}
             for hook in self.hooks:
