@@ -1,6 +1,7 @@
 """Hardware targets: config options, the MaxText FLOP formula, device checks, CPU peak, MFU."""
 
 import json
+import os
 import warnings
 
 import pytest
@@ -103,17 +104,32 @@ def test_cpu_platform_ok_and_warnings():
     assert "only" in text and "TPU v5 lite" in text
 
 
-def test_cpu_peak_probe_and_cache(tmp_path):
+def test_cpu_peak_probe_and_cache(tmp_path, monkeypatch):
     path = str(tmp_path / "cache" / "cpu_peak-host.json")
+    monkeypatch.setattr(hardware, "machine_busy", lambda: False)
     peak = hardware.measure_cpu_peak(path)
     assert peak > 1e8
-    assert json.load(open(path))["flops_per_sec"] == peak
+    assert json.load(open(path)) == pytest.approx({"flops_per_sec": peak, "n": 1024, "repeats": 5, "busy": False,
+                                                   "dtype": "float32", "cpu_count": os.cpu_count(),
+                                                   "seconds": 2 * 1024**3 / peak})
     assert hardware.measure_cpu_peak(path) == peak  # read back, not re-measured
     import jax
 
     cpu = make_cfg(["hardware=cpu"]).hardware
     assert hardware.peak_flops_per_device(cpu, path) == peak / len(jax.devices("cpu"))
     assert hardware.peak_flops_per_device(make_cfg(["hardware=tpu_v6e"]).hardware, None) == 918e12
+
+
+def test_a_cpu_peak_probed_on_a_busy_machine_is_measured_again_once_it_is_idle(tmp_path, monkeypatch):
+    path = str(tmp_path / "cpu_peak-host.json")
+    with open(path, "w") as f:
+        json.dump({"flops_per_sec": 1.0, "busy": True}, f)  # an understated probe, marked busy
+    monkeypatch.setattr(hardware, "machine_busy", lambda: True)
+    assert hardware.measure_cpu_peak(path) == 1.0  # still busy: a new probe would be no better
+    monkeypatch.setattr(hardware, "machine_busy", lambda: False)
+    peak = hardware.measure_cpu_peak(path)
+    assert peak > 1e8 and json.load(open(path))["busy"] is False
+    assert hardware.measure_cpu_peak(path) == peak
 
 
 def test_mfu_metrics():
