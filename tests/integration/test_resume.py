@@ -38,11 +38,26 @@ def wait_for_step(run_dir, step: int, proc: subprocess.Popen, timeout: float = 1
     raise TimeoutError(f"step {step} not reached")
 
 
+def wait_for_checkpoint(run_dir, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until a step directory is committed: saves commit in the background (checkpoint.overlap),
+    some steps after the one they hold."""
+    path = os.path.join(run_dir, "checkpoints")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if os.path.isdir(path) and any(s.isdigit() for s in os.listdir(path)):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("no checkpoint committed")
+
+
 def kill_at_step_and_rerun(args, run_dir, step: int, cwd, last: int) -> None:
-    """Start `python -m stack ARGS`, kill -9 it once `step` is logged, check a checkpoint before
-    `last` was kept, and rerun the same command to the end: it must resume."""
+    """Start `python -m stack ARGS`, kill -9 it once `step` is logged and a checkpoint is
+    committed, check that checkpoint is before `last`, and rerun the same command to the end:
+    it must resume."""
     proc = start(args, cwd)
     wait_for_step(run_dir, step, proc)
+    wait_for_checkpoint(run_dir, proc)
     proc.kill()
     proc.wait()
     saved = sorted(int(s) for s in os.listdir(os.path.join(run_dir, "checkpoints")) if s.isdigit())
