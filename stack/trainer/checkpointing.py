@@ -5,6 +5,9 @@ next steps where `checkpoint.overlap` allows (stack.trainer.save_overlap)."""
 from functools import partial
 from typing import Any
 
+import jax
+
+from stack.errors import ConfigError
 from stack.trainer.context import PREEMPTED, RUNNING, Hook, Run
 from stack.trainer.nonfinite import NonFinite
 from stack.trainer.save_overlap import SaveThread, copy_fits, snapshot
@@ -12,6 +15,12 @@ from stack.trainer.save_overlap import SaveThread, copy_fits, snapshot
 
 class Checkpointing(Hook):
     def __init__(self, checkpointer: Any, guard: NonFinite, overlap: bool | None = None):
+        if overlap and jax.process_count() > 1:
+            raise ConfigError(
+                f"checkpoint.overlap=true with {jax.process_count()} processes: a multi-process save "
+                "synchronises the processes, and from a thread those barriers would interleave with the "
+                "steps' collectives in a different order on each process (a deadlock). Use "
+                "checkpoint.overlap=null (the default; it does not overlap here) or false.")
         self.ckpt, self.guard, self.overlap = checkpointer, guard, overlap
         self.last = 0  # the step of the previous round end
         self.thread = SaveThread()
@@ -47,7 +56,7 @@ class Checkpointing(Hook):
     def _overlaps(self, state: Any) -> bool:
         """`checkpoint.overlap`; null is decided at the first save, once the step's peak memory is known."""
         if self.overlap is None:
-            self.overlap, why = copy_fits(state)
+            self.overlap, why = (False, "several processes") if jax.process_count() > 1 else copy_fits(state)
             if not self.overlap:
                 print(f"checkpoint.overlap=null: saves block for the device-to-host copy ({why}); "
                       "checkpoint.overlap=true forces overlapping", flush=True)

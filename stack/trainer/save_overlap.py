@@ -9,7 +9,9 @@ Orbax's: the step directory is committed only once every file is written.
 The price is one more copy of the state in device memory until the transfer is done, so
 `checkpoint.overlap` null (the default) overlaps only when that copy fits in what the device
 has free after the step's peak (always on a CPU backend, whose "device" memory is host RAM);
-true always; false never.
+true always; false never. Never with several processes: a multi-process save synchronises them,
+and from a thread those barriers interleave with the steps' collectives in a different order on
+each process (a 2-process run hung at its first save).
 """
 
 import threading

@@ -12,6 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from stack.checkpoint import Checkpointer
+from stack.errors import ConfigError
 from stack.trainer.checkpointing import Checkpointing
 from stack.trainer.context import COMPLETED, NONFINITE, PREEMPTED, RUNNING, Clock
 from stack.trainer.metrics import MetricsLog
@@ -116,6 +117,15 @@ def test_overlap_by_default_only_where_a_copy_of_the_state_fits():
     fits, why = copy_fits(state, {"bytes_limit": 100 * mib, "peak_bytes_in_use": 97 * mib})
     assert not fits and why == "a copy of the state needs 4 MiB per device, 3 MiB are free"
     assert copy_fits(state)[0]  # CPU: no device memory limit
+
+
+def test_no_overlap_with_several_processes_and_a_clear_error_when_forced(monkeypatch, capsys):
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    hook = Checkpointing(None, NonFinite("stop"))
+    assert not hook._overlaps({"w": jnp.zeros(4)})
+    assert "several processes" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"checkpoint.overlap=true with 2 processes.*deadlock"):
+        Checkpointing(None, NonFinite("stop"), overlap=True)
 
 
 def test_a_failed_save_thread_raises_at_the_next_join_once():
