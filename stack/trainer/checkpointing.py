@@ -56,8 +56,9 @@ class Checkpointing(Hook):
     def _overlaps(self, state: Any) -> bool:
         """`checkpoint.overlap`; null is decided at the first save, once the step's peak memory is known."""
         if self.overlap is None:
-            self.overlap, why = (False, "several processes") if jax.process_count() > 1 else copy_fits(state)
+            several = jax.process_count() > 1
+            self.overlap, why = (False, "several processes") if several else copy_fits(state)
             if not self.overlap:
-                print(f"checkpoint.overlap=null: saves block for the device-to-host copy ({why}); "
-                      "checkpoint.overlap=true forces overlapping", flush=True)
+                hint = "" if several else "; checkpoint.overlap=true forces overlapping"
+                print(f"checkpoint.overlap=null: saves block for the device-to-host copy ({why}){hint}", flush=True)
         return self.overlap
