@@ -88,11 +88,14 @@ class Attention(nnx.Module):
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache[2], 0, 0))
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache[2], 0, 0))
-        q = q.reshape(b, t, kv, g, hd)  # query head h uses kv head h // g, as HF repeat_kv
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = jnp.where(mask[:, None, None], scores / math.sqrt(hd), jnp.finfo(jnp.float32).min)
+        # query head h uses kv head h // g (as HF repeat_kv); a kv head's g query heads are folded
+        # into the query axis, [B, kv, g*T, hd], so both products are plain batched matmuls
+        q = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
+        scores = jnp.einsum("bkqd,bskd->bkqs", q, k, preferred_element_type=jnp.float32)
+        scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores / math.sqrt(hd), jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = self.o_proj(jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, kv * g * hd))
+        out = jnp.einsum("bkqs,bskd->bkqd", probs, v).reshape(b, kv, g, t, hd).transpose(0, 3, 1, 2, 4)
+        out = self.o_proj(out.reshape(b, t, kv * g * hd))
         return out if cache is None else (out, (k, v))
 
 
