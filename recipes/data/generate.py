@@ -15,8 +15,11 @@ half the chat format.
   model to have learned addition first, which takes it thousands of steps.)
 - copy_{train,eval}.jsonl: the chosen side of each preference pair as an SFT record, the
   reward model recipe's warm start (a trunk that can copy, as RMs start from an SFT model)
-- rm_train.jsonl: 10,000 more copy pairs (prefs_eval held out), the reward model's training set:
-  with 2,000 pairs an RM memorises them before it learns to compare (0.76 held-out accuracy)
+- rm_{train,eval}.jsonl: the reward model's copy pairs (10,000 / 200; no prompt of prefs_eval or of
+  each other): the exact copy vs one with a letter dropped or doubled. A copy-SFT trunk already
+  tracks where the word ends, so a Bradley–Terry head learns this in ~50 steps; a changed letter
+  (the DPO pairs' error) takes a 4-layer RM a plateau of 200-400+ steps whose length varies
+  from run to run on 2 cores (0.57-0.94 held-out accuracy after 250 steps)
 """
 
 import json
@@ -39,19 +42,23 @@ def sft(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dict:
                          {"role": "assistant", "content": problem["completion"]}]}
 
 
-def copy_pair(rng: np.random.Generator) -> tuple[str, str, str]:
-    """(prompt, right copy, copy with one letter changed) of a random 3-6 letter word."""
+def copy_pair(rng: np.random.Generator, error: str = "change") -> tuple[str, str, str]:
+    """(prompt, right copy, wrong copy) of a random 3-6 letter word; the wrong copy has one letter
+    changed (`error="change"`) or one letter dropped or doubled (`error="length"`)."""
     word = "".join(rng.choice(list(LETTERS), size=int(rng.integers(3, 7))))
     i = int(rng.integers(len(word)))
-    wrong = word[:i] + rng.choice([c for c in LETTERS if c != word[i]]) + word[i + 1:]
+    if error == "length":
+        wrong = word[:i] + word[i + 1:] if rng.integers(2) else word[:i] + word[i] + word[i:]
+    else:
+        wrong = word[:i] + rng.choice([c for c in LETTERS if c != word[i]]) + word[i + 1:]
     return f"copy {word}=", word, wrong
 
 
-def preferences(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
+def preferences(n: int, seed: int, exclude: set[str] = frozenset(), error: str = "change") -> list[dict]:
     rng = np.random.default_rng(seed)
     out: list[dict] = []
     while len(out) < n:
-        prompt, right, wrong = copy_pair(rng)
+        prompt, right, wrong = copy_pair(rng, error)
         if prompt in exclude:
             continue
         if len(out) % 2 == 0:
@@ -61,6 +68,11 @@ def preferences(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict
                         "chosen": [{"role": "assistant", "content": right}],
                         "rejected": [{"role": "assistant", "content": wrong}]})
     return out
+
+
+def prompts_of(pairs: list[dict]) -> set[str]:
+    """The user prompts of preference records (plain or chat)."""
+    return {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in pairs}
 
 
 def copy_sft(pair: dict) -> dict:
@@ -101,12 +113,14 @@ if __name__ == "__main__":
     write_parquet("sft_train.parquet", records(lambda p, chat, rng: p, "train", 4000, seed=0))
     evals = preferences(200, seed=3)
     write_jsonl("prefs_eval.jsonl", evals)
-    held_out = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in evals}
+    held_out = prompts_of(evals)
     train = preferences(2000, seed=2, exclude=held_out)
     write_jsonl("prefs_train.jsonl", train)
     write_jsonl("copy_train.jsonl", [copy_sft(p) for p in train])
     write_jsonl("copy_eval.jsonl", [copy_sft(p) for p in evals])
-    write_jsonl("rm_train.jsonl", preferences(10000, seed=7, exclude=held_out))
+    rm_evals = preferences(200, seed=8, exclude=held_out, error="length")
+    write_jsonl("rm_eval.jsonl", rm_evals)
+    write_jsonl("rm_train.jsonl", preferences(10000, seed=7, exclude=held_out | prompts_of(rm_evals), error="length"))
     prompt_evals = records(prompt, "eval", 256, seed=5)
     write_jsonl("prompts_eval.jsonl", prompt_evals)
     asked = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in prompt_evals}
