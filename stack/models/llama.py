@@ -1,23 +1,19 @@
 """Llama-family decoder (Llama 2/3, GQA, SwiGLU, RoPE with optional llama3 scaling) in Flax NNX.
 
-Every parameter carries logical-axis sharding metadata (`out_sharding`), names among
-"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm". Module paths mirror HF:
-`embed`, `layers/<i>/attn/{q,k,v,o}_proj`, `layers/<i>/mlp/{gate,up,down}_proj`,
-`layers/<i>/{attn,mlp}_norm`, `norm`, `lm_head` (absent when embeddings are tied).
+Every parameter carries logical-axis sharding metadata (`out_sharding`), names among "vocab",
+"embed", "heads", "kv_heads", "head_dim", "mlp", "norm". Module paths mirror HF: `embed`,
+`layers/<i>/attn/{q,k,v,o}_proj`, `layers/<i>/mlp/{gate,up,down}_proj`, `layers/<i>/{attn,mlp}_norm`,
+`norm`, `lm_head` (absent when embeddings are tied). Training memory: `model.remat` (`full`, `dots`)
+wraps each decoder layer in `nnx.remat` (the backward recomputes it; `dots` keeps matmul outputs).
 
-Training memory: `model.remat` (`full`, `dots`) wraps each decoder layer in `nnx.remat`, so the
-backward recomputes the layer from its input (keeping matmul outputs with `dots`).
-
-Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens'
-keys and values into the cache's fixed slots, attends over every valid slot up to each
-query's and returns (logits, the updated cache). `init_cache` makes an empty cache.
+Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens' keys and values
+into the cache's slots, attends over each query's valid slots, returns (logits, cache); `init_cache`.
 
 Building: in flax 0.12 eager sharding is on by default, so `Llama(cfg, rngs=...)` and even
-`nnx.eval_shape(lambda: Llama(...))` raise "An auto mesh context ... is required" unless a
-mesh is active. Use `init_model(cfg, seed)` (one jitted init) and `abstract_model(cfg)`
-(`nnx.eval_shape`, no allocation): they shard eagerly when a mesh is set (`jax.set_mesh(mesh)`
-plus `nnx.logical_axis_rules(rules)`) and otherwise build under `nnx.use_eager_sharding(False)`
-(as a direct `Llama(cfg, rngs=...)` may); the metadata is kept either way.
+`nnx.eval_shape(lambda: Llama(...))` raise "An auto mesh context ... is required" unless a mesh is
+active. `init_model(cfg, seed)` (one jitted init) and `abstract_model(cfg)` (`nnx.eval_shape`) shard
+eagerly under a mesh (`jax.set_mesh` + `nnx.logical_axis_rules`), else build under
+`nnx.use_eager_sharding(False)`; the metadata is kept either way.
 """
 
 from __future__ import annotations
@@ -100,15 +96,30 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). `fused`: gate and up are one product of the
+    kernels stacked at call time, [D, 2, F] (params keep HF's layout), ~35 ms faster per medium layer
+    on CPU. `unfuse`d for Qwix (it intercepts each projection's call) and off CPU (stack.build: Llama
+    3 8B SFT on a v5e-16 compiled to +0.45 GiB per chip fused)."""
 
     def __init__(self, cfg: Any, *, rngs: nnx.Rngs):
         self.gate_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), cfg, rngs)
         self.up_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), cfg, rngs)
         self.down_proj = _linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"), cfg, rngs)
+        self.fused = True
 
     def __call__(self, x: Array) -> Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        if not self.fused:
+            return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        kernel = jnp.stack([self.gate_proj.kernel[...], self.up_proj.kernel[...]], 1).astype(self.gate_proj.dtype)
+        gate_up = jnp.einsum("...d,dkf->...kf", x.astype(kernel.dtype), kernel)
+        return self.down_proj(jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :])
+
+
+def unfuse(model: nnx.Module) -> nnx.Module:
+    """`model` with every MLP computing gate and up by their own projections (for Qwix)."""
+    for mlp in (m for _, m in model.iter_modules() if isinstance(m, MLP)):
+        mlp.fused = False
+    return model
 
 
 class Block(nnx.Module):
@@ -266,12 +277,9 @@ def _build(cfg: Any, seed: int) -> Llama:
 
 
 def init_model(cfg: Any, seed: int) -> Llama:
-    """Initialise a Llama from `cfg` with `nnx.Rngs(seed)` in one jitted program.
-
-    Under a mesh each parameter is created directly with its sharding, never whole on one
-    device. Same random streams as eager `Llama(cfg, rngs=nnx.Rngs(seed))` (equal up to
-    float rounding of the fused initializers).
-    """
+    """Initialise a Llama from `cfg` with `nnx.Rngs(seed)` in one jitted program: under a mesh each
+    parameter is created with its sharding, never whole on one device. Same random streams as eager
+    `Llama(cfg, rngs=nnx.Rngs(seed))` (equal up to float rounding of the fused initializers)."""
     with _eager_sharding():
         return nnx.jit(lambda: _build(cfg, seed))()
 

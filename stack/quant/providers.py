@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import qwix
 from flax import nnx
 
+from stack.models.llama import unfuse
 from stack.quant.merge import dequantized_params, merge_adapters, plain_params
 from stack.quant.rules import check_against_model, qtype, qwix_rules
 
@@ -52,6 +53,7 @@ def run_once(quantize: Callable[[nnx.Module, jax.Array], nnx.Module], model: nnx
              abstract: bool) -> nnx.Module:
     """`quantize(model, example tokens)`; `abstract`: shape-only (no concrete array is created,
     the mesh may be a compile-only TPU topology)."""
+    model = unfuse(model)  # Qwix intercepts each projection's own call
     if abstract:
         return nnx.eval_shape(quantize, model, jax.ShapeDtypeStruct(EXAMPLE, jnp.int32))
     return quantize(model, jnp.zeros(EXAMPLE, jnp.int32))

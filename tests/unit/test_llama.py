@@ -11,7 +11,7 @@ from flax import nnx
 
 from tests.conftest import make_cfg
 
-from stack.models.llama import Llama, abstract_model, init_model, param_count
+from stack.models.llama import Llama, abstract_model, init_model, param_count, unfuse
 from stack.models.rope import apply_rope, rope_inv_freq
 from stack.schema.model import ModelConfig, RopeScalingConfig
 
@@ -191,6 +191,24 @@ def test_forward_matches_numpy(tied, scaled):
     want = np_forward(nnx.to_pure_dict(nnx.state(model, nnx.Param)), cfg, inv, tokens, positions)
     assert np.abs(want).max() > 0.5  # logits are O(1), so 1e-4 is a real tolerance
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_gate_up_equals_the_two_projections_in_logits_and_gradients():
+    """The default MLP (gate and up as one product of stacked kernels) against `unfuse` (each
+    projection its own call, as Qwix needs): logits and every gradient equal (fp32, 1e-6)."""
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 97, size=(2, 11)), jnp.int32)
+
+    def loss_and_grads(model):
+        return nnx.value_and_grad(lambda m: (forward(m, tokens) ** 2).mean())(model)
+
+    model = randomized(tiny_cfg())
+    assert all(layer.mlp.fused for layer in model.layers)
+    fused = loss_and_grads(model)
+    assert unfuse(model) is model and not any(layer.mlp.fused for layer in model.layers)
+    unfused = loss_and_grads(model)
+    np.testing.assert_allclose(float(fused[0]), float(unfused[0]), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(nnx.state(fused[1])), jax.tree.leaves(nnx.state(unfused[1]))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_causality():
