@@ -24,6 +24,7 @@ def rewards(run_dir) -> dict[int, float]:
     return {r["step"]: r["train/reward"] for r in read_metrics(run_dir) if "train/reward" in r}
 
 
+@pytest.mark.slow  # ~20 s: CI's slow tier; the main tier's kill-and-resume is test_resume.py's SFT run
 def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path):
     reference = tmp_path / "reference"
     res = run_cli(args(tmp_path, reference), cwd=str(tmp_path))
