@@ -38,7 +38,7 @@ FIXED_KEYS = ("model", "algorithm", "optimizer", "quantization", "data", "seed",
 # batches them there, so the worker count decides which records form a batch.)
 FREE_DATA_KEYS = ("read_threads", "prefetch")
 FREE_KEYS = ("optimizer.schedule.total_steps",  # follows trainer.steps
-             "model.remat")  # what the backward recomputes, not what it computes
+             "model.remat", "model.scan_layers")  # how the step computes, not what it computes
 # 2: the state is a TrainState (params under `policy/`, step, key, algorithm state; gradient
 # accumulation inside the step). 1 (no `format` in meta): params + optax.MultiSteps state.
 FORMAT = 2

@@ -197,10 +197,12 @@ def _print_flops(exp: Experiment, update: CompileReport, collect: CompileReport,
     tokens = exp.algorithm.batch_tokens(exp.eval_batches[0]) * cfg.trainer.grad_accum
     model_flops = train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / n
     line = f"FLOPs per device per step: {update.flops:.3e} (XLA), {model_flops:.3e} (model formula)"
+    if cfg.model.scan_layers:  # XLA's cost analysis counts a while loop's body once
+        line += " (XLA counts the scanned layers once; the prediction takes the model formula)"
     if collect.flops:
         line += f"; collect: {collect.flops:.3e} per round of {steps} step(s)"
     if hw.peak_flops_per_chip:
-        per_step = update.flops + collect.flops / steps
+        per_step = max(update.flops, model_flops if cfg.model.scan_layers else 0.0) + collect.flops / steps
         line += (f"; predicted step time at the peak {hw.peak_flops_per_chip / 1e12:.0f} TFLOP/s: "
                  f"{per_step / hw.peak_flops_per_chip * 1e3:.3g} ms (100% MFU, a lower bound)")
     print(line)

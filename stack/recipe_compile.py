@@ -10,6 +10,7 @@ resolved-config snapshot and the versions it was recorded with (stack.recipes).
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 from typing import Any
 
 from omegaconf import DictConfig
@@ -42,7 +43,7 @@ def compiled_run(name: str) -> dict[str, Any]:
                          capture_output=True, text=True, check=False)
     if res.returncode not in (0, 1):  # 1: compiled, does not fit (recorded as such)
         raise RuntimeError(f"+recipe={name} mode=compile failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
-    return {"recorded_with": machine(), "overrides": ["mode=compile"], "compile": parse_report(res.stdout),
+    return {"recorded_with": {**machine(), "libtpu": version("libtpu")}, "overrides": ["mode=compile"], "compile": parse_report(res.stdout),
             "tolerance": TOLERANCE, "config": snapshot(recipe_config(name))}
 
 

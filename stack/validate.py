@@ -61,6 +61,11 @@ def validate(cfg: DictConfig) -> None:
             f"'model.d_model'={m.d_model} is not divisible by 'model.n_heads'={m.n_heads}; "
             "set 'model.head_dim' explicitly or pick sizes that divide."
         )
+    if m.scan_layers and cfg.quantization.method != "none":
+        raise ConfigError(
+            f"model.scan_layers=true cannot run with quantization.method={cfg.quantization.method!r}: Qwix "
+            "intercepts each layer's projections by module path, and a scan runs one merged copy of a layer. "
+            "Set model.scan_layers=false (unrolled layers) or quantization=none.")
     _check_rope(m.rope_scaling)
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)

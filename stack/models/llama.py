@@ -4,7 +4,8 @@ Every parameter carries logical-axis sharding metadata (`out_sharding`), names a
 "embed", "heads", "kv_heads", "head_dim", "mlp", "norm". Module paths mirror HF: `embed`,
 `layers/<i>/attn/{q,k,v,o}_proj`, `layers/<i>/mlp/{gate,up,down}_proj`, `layers/<i>/{attn,mlp}_norm`,
 `norm`, `lm_head` (absent when embeddings are tied). Training memory: `model.remat` (`full`, `dots`)
-wraps each decoder layer in `nnx.remat` (the backward recomputes it; `dots` keeps matmul outputs).
+wraps each decoder layer in `nnx.remat` (the backward recomputes it; `dots` keeps matmul outputs);
+`model.scan_layers` runs the layers as one `jax.lax.scan` (stack.models.layer_stack).
 
 Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens' keys and values
 into the cache's slots, attends over each query's valid slots, returns (logits, cache); `init_cache`.
@@ -26,10 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stack.models.layer_stack import run_layers
 from stack.models.rope import apply_rope, rope_inv_freq
-
-# model.remat: what a rematerialised layer keeps for the backward (None: only its input)
-REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 Array = jax.Array
 
@@ -117,7 +116,7 @@ class MLP(nnx.Module):
 
 def unfuse(model: nnx.Module) -> nnx.Module:
     """`model` with every MLP computing gate and up by their own projections (for Qwix)."""
-    for mlp in (m for _, m in model.iter_modules() if isinstance(m, MLP)):
+    for mlp in (m for _, m in nnx.iter_modules(model) if isinstance(m, MLP)):
         mlp.fused = False
     return model
 
@@ -153,6 +152,7 @@ class Llama(nnx.Module):
         self.dtype = dtype
         self.tie_embeddings = bool(cfg.tie_embeddings)
         self.remat = str(getattr(cfg, "remat", "none"))
+        self.scan_layers = bool(getattr(cfg, "scan_layers", False))
         # static (hashable) RoPE table; the config itself is not stored (it is unhashable)
         self.inv_freq = tuple(rope_inv_freq(head_dim, cfg.rope_theta, cfg.rope_scaling).tolist())
         embed_init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), ("vocab", "embed"))
@@ -209,14 +209,8 @@ class Llama(nnx.Module):
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), dtype=bool)), (b, t, t))
         if segment_ids is not None:
             mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
-        inv_freq = np.asarray(self.inv_freq, np.float32)
-        call = lambda layer, x, positions, mask: layer(x, positions, mask, inv_freq)  # noqa: E731
-        if self.remat != "none":  # the backward recomputes each layer from its input (what `policy` saves aside)
-            call = nnx.remat(call, policy=REMAT_POLICIES[self.remat])
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = call(layer, x, positions, mask)
-        return x
+        args = (positions, mask, np.asarray(self.inv_freq, np.float32))
+        return run_layers(self.layers, self.embed(tokens), args, self.remat, self.scan_layers)
 
     def head(self, x: Array) -> Array:
         """Float32 logits of hidden states (final norm, then the output projection)."""

@@ -122,6 +122,8 @@ def test_bad_lora_configs_fail_with_the_key():
         validate(make_cfg(["quantization=lora", "+quantization.rules.0.weight_qtype=nf8"]))
     with pytest.raises(ConfigError, match=r"rules.0.rank'=0"):
         validate(make_cfg(["quantization=lora", "quantization.rules.0.rank=0"]))
+    with pytest.raises(ConfigError, match=r"model.scan_layers=true.*method='lora'.*quantization=none"):
+        validate(make_cfg(["quantization=lora", "model.scan_layers=true"]))
     with pytest.raises(ConfigError, match=r"reference.init_from.*quantization=lora"):
         validate(make_cfg(["algorithm=dpo", "data=jsonl_prefs", "quantization=lora",
                            "algorithm.reference.init_from=/tmp/x"]))
