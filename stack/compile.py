@@ -198,7 +198,7 @@ def _print_flops(exp: Experiment, update: CompileReport, collect: CompileReport,
     model_flops = train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / n
     line = f"FLOPs per device per step: {update.flops:.3e} (XLA), {model_flops:.3e} (model formula)"
     if cfg.model.scan_layers:  # XLA's cost analysis counts a while loop's body once
-        line += " (XLA counts the scanned layers once; the prediction takes the model formula)"
+        line += " (XLA counts the scanned layers once: the update's prediction takes the model formula, collect's is low)"
     if collect.flops:
         line += f"; collect: {collect.flops:.3e} per round of {steps} step(s)"
     if hw.peak_flops_per_chip:
