@@ -154,6 +154,10 @@ def preflight(argv: list[str]) -> DictConfig | None:
 def _run(cfg: DictConfig) -> Any:
     take_architecture(cfg, list(HydraConfig.get().overrides.task))
     validate(cfg)
+    if cfg.mode == "compile" and cfg.hardware.platform == "gpu":  # compile-only GPUs (stack.gpu_target)
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+        os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # their executables cannot be loaded back
     from stack.run import run  # jax is imported only here, after validation
 
     return run(cfg)

@@ -2,7 +2,7 @@
 
 For TPU targets the devices come from `jax.experimental.topologies` (compile-only devices
 of `hardware.topology`, made by libtpu: no TPU needed; multi-host slices from one CPU
-process). The experiment is built shape-only on them (`build(..., devices=...)`) and the
+process); for GPU targets from the CUDA plugin and a description of the GPU (stack.gpu_target). The experiment is built shape-only on them (`build(..., devices=...)`) and the
 programs of `stack.step` that training runs (`update`, the train step, and `collect`) are
 lowered for an abstract TrainState, frozen modules and round of data carrying the
 shardings training uses, then compiled. XLA's memory and cost analyses give the
@@ -24,6 +24,7 @@ from flax import nnx
 
 from stack.build import Experiment, build
 from stack.errors import ConfigError
+from stack.gpu_target import gpu_devices
 from stack.hardware import check_platform, train_flops_per_token
 from stack.parallel import batch_sharding, bytes_per_device
 from stack.quant.footprint import footprint
@@ -63,11 +64,10 @@ def host_bounds(topology: str) -> tuple[int, ...] | None:
 
 
 def target_devices(hw: Any) -> list[jax.Device]:
-    """Compile-only devices of a TPU topology, or the local devices of other platforms."""
+    """Compile-only devices of a TPU topology or of GPUs (stack.gpu_target), or the local CPU devices."""
+    if hw.platform == "gpu":
+        return gpu_devices(hw)
     if hw.platform != "tpu":
-        if hw.platform == "gpu" and not any(d.platform == "gpu" for d in jax.devices()):
-            raise ConfigError(f"mode=compile for hardware={hw.name} needs a GPU here: compiling "
-                              "from a machine without the target works for TPU targets only.")
         return check_platform(hw)
     if importlib.util.find_spec("libtpu") is None:
         raise ConfigError(
@@ -197,12 +197,15 @@ def _print_flops(exp: Experiment, update: CompileReport, collect: CompileReport,
     tokens = exp.algorithm.batch_tokens(exp.eval_batches[0]) * cfg.trainer.grad_accum
     model_flops = train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / n
     line = f"FLOPs per device per step: {update.flops:.3e} (XLA), {model_flops:.3e} (model formula)"
-    if cfg.model.scan_layers:  # XLA's cost analysis counts a while loop's body once
+    if not update.flops:
+        line += " (XLA:GPU has no cost analysis without the device: the prediction takes the model formula)"
+    elif cfg.model.scan_layers:  # XLA's cost analysis counts a while loop's body once
         line += " (XLA counts the scanned layers once: the update's prediction takes the model formula, collect's is low)"
     if collect.flops:
         line += f"; collect: {collect.flops:.3e} per round of {steps} step(s)"
     if hw.peak_flops_per_chip:
-        per_step = max(update.flops, model_flops if cfg.model.scan_layers else 0.0) + collect.flops / steps
+        formula = cfg.model.scan_layers or not update.flops
+        per_step = max(update.flops, model_flops if formula else 0.0) + collect.flops / steps
         line += (f"; predicted step time at the peak {hw.peak_flops_per_chip / 1e12:.0f} TFLOP/s: "
                  f"{per_step / hw.peak_flops_per_chip * 1e3:.3g} ms (100% MFU, a lower bound)")
     print(line)

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 TOLERANCE = {"per_device_gib": 0.02, "flops_per_device": 0.02}
+COMPILERS = {"tpu": "libtpu", "gpu": "jax-cuda12-plugin"}  # the package that compiles for the target
 TOTAL = re.compile(r"per device total: ([\d.]+) GiB")
 FLOPS = re.compile(r"FLOPs per device per step: ([\d.e+-]+) \(XLA\)")
 
@@ -43,7 +44,8 @@ def compiled_run(name: str) -> dict[str, Any]:
                          capture_output=True, text=True, check=False)
     if res.returncode not in (0, 1):  # 1: compiled, does not fit (recorded as such)
         raise RuntimeError(f"+recipe={name} mode=compile failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
-    return {"recorded_with": {**machine(), "libtpu": version("libtpu")}, "overrides": ["mode=compile"], "compile": parse_report(res.stdout),
+    compiler = COMPILERS[recipe_config(name).hardware.platform]
+    return {"recorded_with": {**machine(), compiler: version(compiler)}, "overrides": ["mode=compile"], "compile": parse_report(res.stdout),
             "tolerance": TOLERANCE, "config": snapshot(recipe_config(name))}
 
 
