@@ -44,9 +44,10 @@ def compiled_run(name: str) -> dict[str, Any]:
                          capture_output=True, text=True, check=False)
     if res.returncode not in (0, 1):  # 1: compiled, does not fit (recorded as such)
         raise RuntimeError(f"+recipe={name} mode=compile failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
-    compiler = COMPILERS[recipe_config(name).hardware.platform]
-    return {"recorded_with": {**machine(), compiler: version(compiler)}, "overrides": ["mode=compile"], "compile": parse_report(res.stdout),
-            "tolerance": TOLERANCE, "config": snapshot(recipe_config(name))}
+    cfg = recipe_config(name)
+    compiler = COMPILERS[cfg.hardware.platform]
+    return {"recorded_with": {**machine(), compiler: version(compiler)}, "overrides": ["mode=compile"],
+            "compile": parse_report(res.stdout), "tolerance": TOLERANCE, "config": snapshot(cfg)}
 
 
 def compare_compile(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
