@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import hydra
@@ -176,6 +177,9 @@ def hydra_task(cfg: DictConfig) -> Any:
         if not multirun:
             if isinstance(exc, (ConfigError, RunFailed)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
                 print(f"error: {exc}", file=sys.stderr)
+                # the paragraph stays the last word: a failed async save (Orbax) can leave a write
+                # coroutine that Python reports as never awaited when it collects it at exit
+                warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
                 sys.exit(2 if isinstance(exc, ConfigError) else 1)
             raise
         job = cfg.get("run_dir") or HydraConfig.get().runtime.output_dir
