@@ -138,6 +138,7 @@ def _check_data(d: DictConfig) -> None:
             f"'data.packing'=true works for data.kind text and sft, not {d.kind!r} "
             "(preference pairs and prompts are padded)."
         )
+    _check_completion_len(d)
     if not 0.0 <= d.max_bad_fraction < 1.0:
         raise ConfigError(f"'data.max_bad_fraction'={d.max_bad_fraction} must be in [0, 1).")
     if not 0.0 < d.eval_fraction < 1.0:
@@ -145,6 +146,19 @@ def _check_data(d: DictConfig) -> None:
     for key in ("workers", "read_threads", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"'data.{key}'={d[key]} must be >= 0.")
+
+
+def _check_completion_len(d: DictConfig) -> None:
+    """`data.max_completion_len`: null, or an int in [1, seq_len) for preference data."""
+    k = d.max_completion_len
+    if k is None:
+        return
+    if d.kind != "preference":
+        raise ConfigError(f"'data.max_completion_len'={k!r} applies to data.kind=preference, not {d.kind!r} "
+                          "(set it to null).")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k < d.seq_len:
+        raise ConfigError(f"'data.max_completion_len'={k!r}: expected null or an integer in [1, data.seq_len="
+                          f"{d.seq_len}), the loss tokens kept of each completion (TRL max_completion_length).")
 
 
 def _check_checkpoint(c: DictConfig) -> None:

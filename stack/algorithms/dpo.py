@@ -15,6 +15,8 @@
   `label_smoothing` (TRL 1.16 applies ε only to robust, exo_pair, aot, aot_unpaired), and
   `ipo` logs rewards/* from the summed log-ratios (by default, `ipo` alone logs the
   length-normalised ones its loss uses).
+- With `data.max_completion_len` (TRL DPOConfig max_completion_length) rows carry
+  `completion_positions` and the output head runs at those positions only (stack.data.encode).
 - Metrics (TRL's names): rewards/chosen = β(log π(c) − log π_ref(c)) averaged over pairs,
   rewards/rejected likewise, rewards/margins their difference, rewards/accuracies the
   fraction with chosen reward strictly above rejected, logps/chosen, logps/rejected.
@@ -66,9 +68,15 @@ def _fold(batch: Batch) -> Batch:
 
 
 def _logps(model: nnx.Module, flat: Batch) -> tuple[jax.Array, jax.Array]:
-    """(sequence log-prob, completion tokens) of each row of a folded [2B, T] batch."""
-    logits = model(flat["inputs"], positions=flat.get("positions"), segment_ids=flat.get("segment_ids"))
-    return sequence_logps(logits, flat["targets"], flat["loss_mask"].astype(jnp.float32))
+    """(sequence log-prob, completion tokens) of each row of a folded [2B, T] batch; with
+    `completion_positions` [2B, K] (data.max_completion_len) the head runs at those K only."""
+    mask, at = flat["loss_mask"].astype(jnp.float32), flat.get("completion_positions")
+    inputs = dict(positions=flat.get("positions"), segment_ids=flat.get("segment_ids"))
+    if at is None:
+        return sequence_logps(model(flat["inputs"], **inputs), flat["targets"], mask)
+    targets, mask = (jnp.take_along_axis(v, at, axis=1) for v in (flat["targets"], mask))
+    logps, _ = model(flat["inputs"], **inputs, targets=targets, at=at)
+    return (logps * mask).sum(-1), mask.sum(-1)
 
 
 class DPO:

@@ -11,6 +11,11 @@ Truncation (`data.truncation`) applies to a sequence longer than `seq_len + 1` t
 `keep_start` drops tokens from the end (the EOS and the completion's tail), `keep_end` drops
 them from the start (BOS and the prompt's head: keeps the completion), `error` (truncation
 off) raises a DataError naming the record.
+
+Preference rows with `max_completion_len` K (TRL DPOConfig max_completion_length): a completion
+keeps its first K loss tokens (a longer one loses its tail and EOS) before the row is truncated,
+and each row carries `completion_positions` [K]: the indices of its loss targets, padded with the
+index of a target that carries no loss (so a gather of `loss_mask` there weighs the padding 0).
 """
 
 import logging
@@ -38,13 +43,14 @@ class Encoder:
 
     def __init__(self, kind: str, tokenizer: Tokenizer, chat_template: Any, seq_len: int,
                  truncation: str, pack: bool = False, skip_bad: bool = False,
-                 max_bad_fraction: float = 0.0, n_records: int = 1000):
+                 max_bad_fraction: float = 0.0, n_records: int = 1000, max_completion_len: int | None = None):
         self.kind, self.tok = kind, tokenizer
         # a built-in template's name, or a template object (stack.data.chat.make_template)
         self.template = TEMPLATES[chat_template] if isinstance(chat_template, str) else chat_template
         self.seq_len, self.truncation, self.pack = seq_len, truncation, pack
         self.skip_bad, self.max_bad_fraction, self.window = skip_bad, max_bad_fraction, min(1000, n_records)
         self.seen = self.bad = 0
+        self.max_completion = max_completion_len
 
     def __call__(self, record: dict[str, Any]) -> Row | None:
         self.seen += 1
@@ -72,7 +78,7 @@ class Encoder:
         wrap = not (self.template.own_specials and is_chat(record))  # else the template wrote the specials
         if self.kind == "preference":
             chosen, rejected = records.preference_pieces(record, where, self.template)
-            rows = [self._row(*self._tokens(p, where, wrap=wrap), pad=True) for p in (chosen, rejected)]
+            rows = [self._pair_row(p, where, wrap) for p in (chosen, rejected)]
             return {**{k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}, "margin": _margin(record, where)}
         if self.kind == "prompt":
             pieces, answer = records.prompt_pieces(record, where, self.template)
@@ -81,13 +87,15 @@ class Encoder:
                   else records.sft_pieces(record, where, self.template))
         return self._row(*self._tokens(pieces, where, wrap=wrap), pad=not self.pack)
 
-    def _tokens(self, pieces: records.Pieces, where: str, eos: bool = True,
-                wrap: bool = True) -> tuple[list[int], list[int]]:
-        """BOS + pieces (+ EOS) and their loss flags (`wrap=False`: the pieces alone), truncated to
-        a row (a prompt: seq_len)."""
+    def _tokens(self, pieces: records.Pieces, where: str, eos: bool = True, wrap: bool = True,
+                cut: int | None = None) -> tuple[list[int], list[int]]:
+        """BOS + pieces (+ EOS) and their loss flags (`wrap=False`: the pieces alone), the
+        completion `cut` to that many loss tokens, truncated to a row (a prompt: seq_len)."""
         ids, mask = encode_pieces(self.tok, pieces, whole=not wrap)
         if wrap:
             ids, mask = [self.tok.bos_id] + ids + [self.tok.eos_id] * eos, [0] + mask + [1] * eos
+        if cut is not None:
+            ids, mask = cut_completion(ids, mask, cut)
         n = self.seq_len + int(eos)  # a row: seq_len + 1 tokens; a prompt: seq_len
         if len(ids) > n:
             if self.truncation == "error":
@@ -114,6 +122,13 @@ class Encoder:
             row["segment_ids"] = (np.arange(n - 1) < real).astype(np.int32)
             row["positions"] = np.arange(n - 1, dtype=np.int32)
         return row
+
+    def _pair_row(self, pieces: records.Pieces, where: str, wrap: bool) -> Row:
+        """One padded row of a preference pair; with `max_completion`, cut and indexed (module doc)."""
+        row = self._row(*self._tokens(pieces, where, wrap=wrap, cut=self.max_completion), pad=True)
+        if self.max_completion is None:
+            return row
+        return {**row, "completion_positions": completion_positions(row["loss_mask"], self.max_completion)}
 
     def _prompt_row(self, pieces: records.Pieces, answer: str, where: str, wrap: bool) -> Row:
         ids, _ = self._tokens([(t, True) for t, _ in pieces], where, eos=False, wrap=wrap)
@@ -143,6 +158,20 @@ def encode_pieces(tok: Tokenizer, pieces: records.Pieces, whole: bool = False) -
         ids += piece
         mask += [int(loss)] * len(piece)
     return ids, mask
+
+
+def cut_completion(ids: list[int], mask: list[int], k: int) -> tuple[list[int], list[int]]:
+    """The tokens up to the k-th loss-carrying one (all of them when fewer carry loss)."""
+    loss_at = [i for i, m in enumerate(mask) if m]
+    end = loss_at[k - 1] + 1 if len(loss_at) > k else len(ids)
+    return ids[:end], mask[:end]
+
+
+def completion_positions(loss_mask: np.ndarray, k: int) -> np.ndarray:
+    """[k] int32: the indices where `loss_mask` is set, then the first unset index as padding."""
+    at = np.flatnonzero(loss_mask)
+    pad = int(np.argmin(loss_mask > 0))
+    return np.concatenate([at, np.full(k - len(at), pad)]).astype(np.int32)
 
 
 def _margin(record: dict[str, Any], where: str) -> np.ndarray:

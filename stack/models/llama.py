@@ -165,13 +165,14 @@ class Llama(nnx.Module):
 
     def __call__(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
                  cache: Optional[KVCache] = None, targets: Optional[Array] = None, temperature: float = 1.0,
-                 chunk: int = 128, features: bool = False) -> Any:
+                 chunk: int = 128, features: bool = False, at: Optional[Array] = None) -> Any:
         """Causal forward; with segment_ids a token sees only earlier-or-equal same-id tokens.
 
         With `cache`: (logits, updated cache); `segment_ids` > 0 marks this call's real tokens.
         With `targets` [B, N]: (log-probs [B, N], entropies [B, N]) of the targets under the
         distributions (logits / temperature) at the last N positions, computed `chunk`
-        positions at a time (never a whole [B, N, vocab] array; recomputed in the backward).
+        positions at a time (never a whole [B, N, vocab] array; recomputed in the backward);
+        `at` [B, N]: the positions scored instead of the last N (the head runs only there).
         `features`: the final-normed hidden states [B, T, d_model] instead of logits (what a
         scalar head reads, as HF's LlamaForSequenceClassification); with `targets`, returned
         third at those N positions. Everything goes through `__call__` (Qwix intercepts it).
@@ -181,7 +182,7 @@ class Llama(nnx.Module):
         x = self.hidden(tokens, positions, segment_ids)
         if targets is None:
             return self.norm(x) if features else self.head(x)
-        x = x[:, x.shape[1] - targets.shape[1]:]
+        x = x[:, x.shape[1] - targets.shape[1]:] if at is None else jnp.take_along_axis(x, at[..., None], axis=1)
         scored = self._score(x, targets, temperature, chunk)
         return (*scored, self.norm(x)) if features else scored
 

@@ -19,6 +19,9 @@ class DataConfig:
     seq_len: int = 32
     batch_size: int = 32  # global batch; each process reads batch_size / process_count
     truncation: str = "keep_start"  # keep_start | keep_end | error (stack/data/encode.py)
+    # preference: keep at most this many loss tokens of each completion (TRL DPOConfig max_completion_length);
+    # DPO then runs the output head at those positions only. null: whole completions, head everywhere
+    max_completion_len: Any = None
     packing: bool = False  # first-fit packing of text/sft examples, with segment ids
     shuffle: bool = True
     skip_bad_records: bool = False  # drop records that do not fit, with a counted warning

@@ -1,16 +1,21 @@
 """DPO numerics against hand computations, the published formulas (NumPy), and masking."""
 
+import json
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
+from stack.data.encode import Encoder
+from stack.data.tokenizers import ByteTokenizer
 from stack.models.llama import init_model
 from stack.quant.providers import NoQuantization
+from stack.schema import shipped_data
 from tests.conftest import FixedLogits, loss_of, make_cfg, models
 
 
@@ -157,3 +162,35 @@ def test_policy_equal_to_reference_gives_ln2_on_a_real_model():
     loss, m = loss_of(dpo, model, xp)
     assert float(loss) == pytest.approx(0.6931471824645996, abs=1e-6)
     assert float(m["rewards/accuracies"]) == 0.0 and float(m["rewards/margins"]) == 0.0
+
+
+def encoded_pairs(n: int, **kw) -> dict:
+    """The first n shipped preference pairs as one batch, rows of 64 tokens."""
+    rows = [Encoder("preference", ByteTokenizer(), "simple", 64, "keep_start", **kw)(json.loads(line))
+            for line in open(shipped_data("prefs_train.jsonl")).readlines()[:n]]
+    return {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0] if k != "margin"}
+
+
+def test_the_head_at_completion_positions_gives_the_full_heads_loss_and_gradients():
+    """data.max_completion_len=8 (every shipped completion fits): the same loss, metrics and gradients."""
+    cfg = make_cfg(["algorithm=dpo", "data=jsonl_prefs"])
+    dpo, policy = DPO(), init_model(cfg.model, 0)
+    reference = init_model(cfg.model, 1)
+    full, cut = encoded_pairs(12), encoded_pairs(12, max_completion_len=8)
+    assert cut["completion_positions"].shape == (12, 2, 8)
+
+    def loss_and_grads(batch):
+        xp = experience(dpo, batch, policy, reference)
+        def loss(m):
+            (num, den), metrics = dpo.loss(models(m), xp, None, (), None)
+            return num / den, metrics
+
+        (value, metrics), grads = nnx.value_and_grad(loss, has_aux=True)(policy)
+        return value, metrics, jax.tree.leaves(grads)
+
+    (want, want_m, want_g), (got, got_m, got_g) = loss_and_grads(full), loss_and_grads(cut)
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    for k in want_m:
+        np.testing.assert_allclose(np.asarray(got_m[k]), np.asarray(want_m[k]), rtol=1e-5, atol=1e-6, err_msg=k)
+    for g, w in zip(got_g, want_g, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)

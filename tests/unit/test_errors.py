@@ -73,6 +73,10 @@ def test_data_config_mistakes_fail_before_compute():
     assert "'data.max_bad_fraction'=1.5 must be in [0, 1)" in error_of(["data.max_bad_fraction=1.5"])
     assert "Unknown value 'chatm' for 'data.chat_template'. Did you mean chatml?" in error_of(["data.chat_template=chatm"])
     assert "'data.path' is required for data.source='parquet'" in error_of(["data.source=parquet"])
+    assert "'data.max_completion_len'=64: expected null or an integer in [1, data.seq_len=64)" in error_of(
+        ["algorithm=dpo", "data=jsonl_prefs", "data.max_completion_len=64"])
+    assert "'data.max_completion_len'=8 applies to data.kind=preference, not 'sft'" in error_of(
+        ["data.max_completion_len=8"])
 
 
 def test_the_algorithm_says_which_data_it_reads():

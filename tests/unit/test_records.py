@@ -46,6 +46,21 @@ def test_conversational_preferences_share_the_rendered_prompt():
     assert row["inputs"].shape == (2, 32) and row["loss_mask"].sum(axis=1).tolist() == [2, 2]  # answer + EOS
 
 
+def test_max_completion_len_keeps_the_first_k_completion_tokens_and_indexes_them():
+    """TRL DPOConfig max_completion_length: the completion's tail (and EOS) is dropped, the prompt kept."""
+    rec = {"prompt": "pq", "chosen": "abcdef", "rejected": "xy"}
+    row = Encoder("preference", TOK, "simple", 16, "keep_start", max_completion_len=4)(rec)
+    whole = Encoder("preference", TOK, "simple", 16, "keep_start")(rec)
+    assert row["inputs"][0][:6].tolist() == [TOK.bos_id, *TOK.encode("pqabc")]
+    assert row["targets"][0][:6].tolist() == TOK.encode("pqabcd")
+    assert row["loss_mask"][0].tolist() == [0, 0, 1, 1, 1, 1] + [0] * 10  # a, b, c, d: e, f and EOS cut
+    assert row["segment_ids"][0].sum() == 6
+    assert row["completion_positions"].tolist() == [[2, 3, 4, 5], [2, 3, 4, 0]]  # x, y, EOS, then padding
+    for k in ("inputs", "targets", "loss_mask"):  # the rejected completion fits: unchanged
+        assert (row[k][1] == whole[k][1]).all()
+    assert row["loss_mask"][1][row["completion_positions"][1]].tolist() == [1, 1, 1, 0]
+
+
 @pytest.mark.parametrize("record, message", [
     ({"prompt": "a", "chosen": "b"}, r"p\.jsonl:9: a preference record needs a string field 'rejected' \(missing\)"),
     ({"prompt": "a", "chosen": 1, "rejected": "c"}, r"'chosen' \(a int\)"),
