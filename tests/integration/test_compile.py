@@ -189,3 +189,23 @@ def test_ppo_with_a_separate_value_trunk_holds_two_trained_models(capsys):
         assert code == 0 and "fits:" in out and "per device (collect, once per round):" in out, out
         args[shared] = gib(out, "per device (train step): arguments")
     assert 1.6 < args["false"] / args["true"] < 2.1, args
+
+
+def test_ppo_scored_by_a_reward_model_holds_it_frozen_at_its_own_size(tmp_path, capsys):
+    """reward=model under mode=compile needs only the RM run's config.yaml (shapes, no weights);
+    the RM (here 3 layers, the policy 2) is a frozen module of its own exact size."""
+    from omegaconf import OmegaConf
+
+    from stack.models.llama import param_count
+
+    rm = make_cfg(["algorithm=rm", "data=jsonl_prefs", "model.n_layers=3"])
+    (tmp_path / "rm").mkdir()
+    OmegaConf.save(rm, tmp_path / "rm" / "config.yaml", resolve=True)
+    code, out = compile_cfg(["data=jsonl_prompts", "algorithm=ppo", "hardware=cpu", "mode=compile", "reward=model",
+                             f"reward.init_from={tmp_path / 'rm' / 'checkpoints'}"], capsys)
+    assert code == 0 and "fits:" in out, out
+    frozen = dict(re.findall(r"(\w+) ([\d.]+) MiB frozen", out))
+    assert set(frozen) == {"reference", "reward_model"}, out
+    want = (param_count(rm.model) + rm.model.d_model) * 4 / 2**20  # float32 trunk + scalar head [d_model, 1]
+    assert float(frozen["reward_model"]) == pytest.approx(want, abs=0.006)
+    assert float(frozen["reward_model"]) > float(frozen["reference"]) + 0.1  # a third layer, not the policy's copy
