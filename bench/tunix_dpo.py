@@ -16,10 +16,12 @@ Neither side evaluates or saves checkpoints.
   the policy's forward + backward on chosen and rejected in one pass. Again with
   `data.max_completion_len=8` (the shipped completions have <= 7 loss tokens: nothing is cut):
   policy and reference run the output head at each row's 8 completion positions only, not at
-  all 64 (second row). Again with `algorithm.precompute_reference=true`: the reference log-probs
-  are computed once before training and the step has no reference forward (third row). A hook
-  blocks on the params and reads the trainer's clock (wall time less logging pauses) every
-  `--chunk` steps.
+  all 64 (second row). Again with `data.share_prompt=true` as well: each pair is one row of 72
+  tokens, the prompt once and both completions after it (stack.data.shared_prompt), 16 rows in
+  place of 32 (third row). Again with `algorithm.precompute_reference=true`: the reference
+  log-probs are computed once before training and the step has no reference forward (fourth
+  row). A hook blocks on the params and reads the trainer's clock (wall time less logging
+  pauses) every `--chunk` steps.
 - Tunix: `DPOTrainer` with its own Llama3 module of the same shapes (the policy, and a second
   copy, same init, as the reference) on a 1x1 ('fsdp', 'tp') CPU mesh, fed the same token ids
   as a `TrainingInput` dict: each pair's prompt (stack's inputs up to the first completion
@@ -31,19 +33,20 @@ Neither side evaluates or saves checkpoints.
   the clock every `--chunk` steps.
 Both: the first `--warmup` steps (compilation) are dropped; a trial's seconds per step is the
 median over the chunks (each chunk: its time / `--chunk`; with 1, every step blocks).
-Trials alternate (stack, with max_completion_len, with precomputed reference, Tunix, ...); the
-medians over trials and the ratios are printed.
+Trials alternate (stack, the two layouts, precomputed reference, Tunix, ...); the medians over
+trials and the ratios are printed.
 
-Caveats: the work is the same, but for the head cut (32 rows x 64 tokens of policy forward + backward and of reference
-forward, chosen and rejected in one batch each), not its form: stack masks attention by segment
-ids, Tunix by a [B, T, T] mask that it builds every step outside its jitted step, op by op (as the
-concatenations and positions); Tunix takes the log-softmax over the 64 - P completion positions
-only, after its head ran at all 64 (stack: head and log-softmax at all 64, masked; at 8 with
-max_completion_len). Tunix's loop also reads the previous step's loss back every step (its
-metrics buffer) and updates a progress bar; stack reads back only at logging steps
-(here its first and last; the bench's clock reads block both sides every `--chunk` steps).
-The weights differ (Tunix's Llama3 has its own init), not the work. Importing tunix sets flax's
-`flax_always_shard_variable` to False process-wide; it is restored for stack's trials.
+Caveats: the work is the same (32 rows x 64 tokens of policy forward + backward and of reference
+forward, chosen and rejected in one batch each; less in the head-cut and shared rows), not its
+form: stack masks attention by segment ids, Tunix by a [B, T, T] mask that it builds every step
+outside its jitted step, op by op (as the concatenations and positions); Tunix takes the
+log-softmax over the 64 - P completion positions only, after its head ran at all 64 (stack: head
+and log-softmax at all 64, masked; at 8 with max_completion_len). Tunix's loop also reads the
+previous step's loss back every step (its metrics buffer) and updates a progress bar; stack reads
+back only at logging steps (here its first and last; the bench's clock reads block both sides
+every `--chunk` steps). The weights differ (Tunix's Llama3 has its own init), not the work.
+Importing tunix sets flax's `flax_always_shard_variable` to False process-wide; it is restored for
+stack's trials.
 Timings on a 2-core shared CPU are noisy (±15 %).
 """
 
@@ -72,7 +75,8 @@ SIZES = {size: [o for o in DPO_SIZES[size] if not o.startswith("trainer.steps=")
          + ["data=jsonl_prefs", "algorithm=dpo", f"data.batch_size={PAIRS[size]}"] for size in ("tiny",)}
 PRECOMPUTED = "algorithm.precompute_reference=true"
 HEAD_CUT = "data.max_completion_len=8"  # every shipped completion has <= 7 loss tokens: nothing is cut
-VARIANTS = {"stack": (), HEAD_CUT: (HEAD_CUT,), "precompute_reference": (PRECOMPUTED,)}
+SHARED = "data.share_prompt=true"  # with HEAD_CUT: one 72-token row per pair, the prompt once
+VARIANTS = {"stack": (), HEAD_CUT: (HEAD_CUT,), SHARED: (HEAD_CUT, SHARED), "precompute_reference": (PRECOMPUTED,)}
 
 
 def overrides(size: str, steps: int, *extra: str) -> list[str]:
@@ -203,6 +207,7 @@ def main() -> None:
               + ", ".join(f"{k}/tunix {med[k] / med['tunix']:.3f}" for k in VARIANTS) + " (goal <= 0.85)")
         emit(f"stack / Tunix DPO step ({size})", med["stack"] / med["tunix"], "<= 0.85")
         emit(f"stack / Tunix DPO step, {HEAD_CUT} ({size})", med[HEAD_CUT] / med["tunix"], "<= 0.85")
+        emit(f"stack / Tunix DPO step, {HEAD_CUT} {SHARED} ({size})", med[SHARED] / med["tunix"], "<= 0.85")
         emit(f"stack DPO step (precomputed reference) / Tunix DPO step ({size})",
              med["precompute_reference"] / med["tunix"], "<= 0.85")
 

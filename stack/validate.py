@@ -116,6 +116,9 @@ def _check_algorithm(cfg: DictConfig) -> None:
             f"'data.kind'={cfg.data.kind!r} does not fit algorithm={cfg.algorithm.name!r}, which reads "
             f"{' or '.join(schema.data_kinds)} records; pick a matching data option.")
     schema.check(cfg.algorithm, cfg)
+    if cfg.data.share_prompt and not schema.shared_prompt_rows:
+        raise ConfigError(f"'data.share_prompt'=true lays pairs out for algorithm=dpo; algorithm="
+                          f"{cfg.algorithm.name!r} reads separate chosen and rejected rows (set data.share_prompt=false).")
 
 
 def _check_data(d: DictConfig) -> None:
@@ -151,6 +154,9 @@ def _check_data(d: DictConfig) -> None:
 def _check_completion_len(d: DictConfig) -> None:
     """`data.max_completion_len`: null, or an int in [1, seq_len) for preference data."""
     k = d.max_completion_len
+    if d.share_prompt and k is None:
+        raise ConfigError("'data.share_prompt'=true needs data.max_completion_len (the completion tokens kept "
+                          "per pair; set it, e.g. data.max_completion_len=128).")
     if k is None:
         return
     if d.kind != "preference":

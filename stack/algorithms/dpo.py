@@ -16,7 +16,8 @@
   `ipo` logs rewards/* from the summed log-ratios (by default, `ipo` alone logs the
   length-normalised ones its loss uses).
 - With `data.max_completion_len` (TRL DPOConfig max_completion_length) rows carry
-  `completion_positions` and the output head runs at those positions only (stack.data.encode).
+  `completion_positions` and the output head runs at those positions only; with
+  `data.share_prompt` a pair is one row holding its prompt once (stack.data.shared_prompt).
 - Metrics (TRL's names): rewards/chosen = β(log π(c) − log π_ref(c)) averaged over pairs,
   rewards/rejected likewise, rewards/margins their difference, rewards/accuracies the
   fraction with chosen reward strictly above rejected, logps/chosen, logps/rejected.
@@ -67,16 +68,21 @@ def _fold(batch: Batch) -> Batch:
     return {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
 
 
-def _logps(model: nnx.Module, flat: Batch) -> tuple[jax.Array, jax.Array]:
-    """(sequence log-prob, completion tokens) of each row of a folded [2B, T] batch; with
-    `completion_positions` [2B, K] (data.max_completion_len) the head runs at those K only."""
-    mask, at = flat["loss_mask"].astype(jnp.float32), flat.get("completion_positions")
-    inputs = dict(positions=flat.get("positions"), segment_ids=flat.get("segment_ids"))
-    if at is None:
-        return sequence_logps(model(flat["inputs"], **inputs), flat["targets"], mask)
-    targets, mask = (jnp.take_along_axis(v, at, axis=1) for v in (flat["targets"], mask))
+def _logps(model: nnx.Module, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """(sequence log-prob, completion tokens) of each row, [2B] (c0, r0, c1, r1, ...), of a pair
+    batch [B, 2, T] or of shared-prompt rows [B, W]; with `completion_positions` (data.max_completion_len)
+    the head runs at those positions only (stack.data.shared_prompt)."""
+    flat = batch if "parent_ids" in batch else _fold(batch)
+    inputs = dict(positions=flat.get("positions"), segment_ids=flat.get("segment_ids"),
+                  **({"parent_ids": flat["parent_ids"]} if "parent_ids" in flat else {}))
+    if "completion_positions" not in flat:
+        logits = model(flat["inputs"], **inputs)
+        return sequence_logps(logits, flat["targets"], flat["loss_mask"].astype(jnp.float32))
+    rows = flat["inputs"].shape[0]
+    at, targets, mask = (flat[f"completion_{k}"].reshape(rows, -1) for k in ("positions", "targets", "mask"))
     logps, _ = model(flat["inputs"], **inputs, targets=targets, at=at)
-    return (logps * mask).sum(-1), mask.sum(-1)
+    k = batch["completion_positions"].shape[-1]
+    return (logps * mask).reshape(-1, k).sum(-1), mask.reshape(-1, k).sum(-1)
 
 
 class DPO:
@@ -113,7 +119,7 @@ class DPO:
         if "ref_logps" in batch:
             return batch
         reference = self.reference.model(models, frozen)
-        ref = map_micro(lambda b: _logps(reference, _fold(b))[0].reshape(-1, 2), batch)
+        ref = map_micro(lambda b: _logps(reference, b)[0].reshape(-1, 2), batch)
         return {**batch, "ref_logps": jax.lax.stop_gradient(ref)}
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
@@ -121,8 +127,7 @@ class DPO:
 
     def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
         """Terms: (Σ pair losses, n pairs), and with an sft weight (weight × Σ chosen NLL, chosen tokens)."""
-        flat = _fold({k: v for k, v in batch.items() if k != "ref_logps"})  # [2B, T]: c0, r0, c1, r1, ...
-        policy, tokens = _logps(models.policy, flat)
+        policy, tokens = _logps(models.policy, {k: v for k, v in batch.items() if k != "ref_logps"})
         ref = batch["ref_logps"].reshape(-1)
         pairs = Pairs(policy[0::2], policy[1::2], ref[0::2], ref[1::2], tokens[0::2], tokens[1::2])
         losses = pair_losses(pairs, self.params, self.loss_types, self.loss_weights)

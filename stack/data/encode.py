@@ -14,8 +14,8 @@ off) raises a DataError naming the record.
 
 Preference rows with `max_completion_len` K (TRL DPOConfig max_completion_length): a completion
 keeps its first K loss tokens (a longer one loses its tail and EOS) before the row is truncated,
-and each row carries `completion_positions` [K]: the indices of its loss targets, padded with the
-index of a target that carries no loss (so a gather of `loss_mask` there weighs the padding 0).
+and the pair carries the positions, targets and flags of those tokens, or with `share_prompt`
+becomes one row with the prompt once (stack.data.shared_prompt).
 """
 
 import logging
@@ -26,6 +26,7 @@ import numpy as np
 from stack.data import records
 from stack.data.chat import TEMPLATES
 from stack.data.records import is_chat
+from stack.data.shared_prompt import completion_arrays, shared_row
 from stack.data.tokenizers import Tokenizer
 from stack.errors import DataError
 
@@ -43,14 +44,15 @@ class Encoder:
 
     def __init__(self, kind: str, tokenizer: Tokenizer, chat_template: Any, seq_len: int,
                  truncation: str, pack: bool = False, skip_bad: bool = False,
-                 max_bad_fraction: float = 0.0, n_records: int = 1000, max_completion_len: int | None = None):
+                 max_bad_fraction: float = 0.0, n_records: int = 1000, max_completion_len: int | None = None,
+                 share_prompt: bool = False):
         self.kind, self.tok = kind, tokenizer
         # a built-in template's name, or a template object (stack.data.chat.make_template)
         self.template = TEMPLATES[chat_template] if isinstance(chat_template, str) else chat_template
         self.seq_len, self.truncation, self.pack = seq_len, truncation, pack
         self.skip_bad, self.max_bad_fraction, self.window = skip_bad, max_bad_fraction, min(1000, n_records)
         self.seen = self.bad = 0
-        self.max_completion = max_completion_len
+        self.max_completion, self.share_prompt = max_completion_len, share_prompt
 
     def __call__(self, record: dict[str, Any]) -> Row | None:
         self.seen += 1
@@ -77,9 +79,7 @@ class Encoder:
         """The row(s) of one record; raises DataError if it does not fit its kind."""
         wrap = not (self.template.own_specials and is_chat(record))  # else the template wrote the specials
         if self.kind == "preference":
-            chosen, rejected = records.preference_pieces(record, where, self.template)
-            rows = [self._pair_row(p, where, wrap) for p in (chosen, rejected)]
-            return {**{k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}, "margin": _margin(record, where)}
+            return {**self._pair(record, where, wrap), "margin": _margin(record, where)}
         if self.kind == "prompt":
             pieces, answer = records.prompt_pieces(record, where, self.template)
             return self._prompt_row(pieces, answer, where, wrap)
@@ -123,12 +123,17 @@ class Encoder:
             row["positions"] = np.arange(n - 1, dtype=np.int32)
         return row
 
-    def _pair_row(self, pieces: records.Pieces, where: str, wrap: bool) -> Row:
-        """One padded row of a preference pair; with `max_completion`, cut and indexed (module doc)."""
-        row = self._row(*self._tokens(pieces, where, wrap=wrap, cut=self.max_completion), pad=True)
-        if self.max_completion is None:
-            return row
-        return {**row, "completion_positions": completion_positions(row["loss_mask"], self.max_completion)}
+    def _pair(self, record: dict[str, Any], where: str, wrap: bool) -> Row:
+        """A preference pair: [2, seq_len] rows, or one shared row (module doc)."""
+        sides = [self._tokens(p, where, wrap=wrap, cut=self.max_completion)
+                 for p in records.preference_pieces(record, where, self.template)]
+        if self.share_prompt:
+            k = self.max_completion
+            return shared_row(*sides, k, self.seq_len + k, self.tok.pad_id, where)
+        rows = [self._row(*side, pad=True) for side in sides]
+        if self.max_completion is not None:
+            rows = [{**r, **completion_arrays(r["targets"], r["loss_mask"], self.max_completion)} for r in rows]
+        return {k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}
 
     def _prompt_row(self, pieces: records.Pieces, answer: str, where: str, wrap: bool) -> Row:
         ids, _ = self._tokens([(t, True) for t, _ in pieces], where, eos=False, wrap=wrap)
@@ -165,13 +170,6 @@ def cut_completion(ids: list[int], mask: list[int], k: int) -> tuple[list[int], 
     loss_at = [i for i, m in enumerate(mask) if m]
     end = loss_at[k - 1] + 1 if len(loss_at) > k else len(ids)
     return ids[:end], mask[:end]
-
-
-def completion_positions(loss_mask: np.ndarray, k: int) -> np.ndarray:
-    """[k] int32: the indices where `loss_mask` is set, then the first unset index as padding."""
-    at = np.flatnonzero(loss_mask)
-    pad = int(np.argmin(loss_mask > 0))
-    return np.concatenate([at, np.full(k - len(at), pad)]).astype(np.int32)
 
 
 def _margin(record: dict[str, Any], where: str) -> np.ndarray:

@@ -13,7 +13,7 @@ import math
 import os
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from stack.errors import ConfigError
 

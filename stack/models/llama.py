@@ -165,7 +165,8 @@ class Llama(nnx.Module):
 
     def __call__(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
                  cache: Optional[KVCache] = None, targets: Optional[Array] = None, temperature: float = 1.0,
-                 chunk: int = 128, features: bool = False, at: Optional[Array] = None) -> Any:
+                 chunk: int = 128, features: bool = False, at: Optional[Array] = None,
+                 parent_ids: Optional[Array] = None) -> Any:
         """Causal forward; with segment_ids a token sees only earlier-or-equal same-id tokens.
 
         With `cache`: (logits, updated cache); `segment_ids` > 0 marks this call's real tokens.
@@ -173,13 +174,14 @@ class Llama(nnx.Module):
         distributions (logits / temperature) at the last N positions, computed `chunk`
         positions at a time (never a whole [B, N, vocab] array; recomputed in the backward);
         `at` [B, N]: the positions scored instead of the last N (the head runs only there).
+        `parent_ids`: a token also sees earlier tokens whose segment id is its parent id.
         `features`: the final-normed hidden states [B, T, d_model] instead of logits (what a
         scalar head reads, as HF's LlamaForSequenceClassification); with `targets`, returned
         third at those N positions. Everything goes through `__call__` (Qwix intercepts it).
         """
         if cache is not None:
             return self._cached(tokens, positions, segment_ids, cache)
-        x = self.hidden(tokens, positions, segment_ids)
+        x = self.hidden(tokens, positions, segment_ids, parent_ids)
         if targets is None:
             return self.norm(x) if features else self.head(x)
         x = x[:, x.shape[1] - targets.shape[1]:] if at is None else jnp.take_along_axis(x, at[..., None], axis=1)
@@ -202,14 +204,18 @@ class Llama(nnx.Module):
         logps, entropy = jax.lax.map(one, (xs, ts))
         return tuple(a.swapaxes(0, 1).reshape(b, -1)[:, :n] for a in (logps, entropy))
 
-    def hidden(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None) -> Array:
+    def hidden(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
+               parent_ids: Optional[Array] = None) -> Array:
         """The final hidden states [B, T, d_model] (before the last norm): `head` turns them into logits."""
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), dtype=bool)), (b, t, t))
         if segment_ids is not None:
-            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            if parent_ids is not None:
+                same = same | (parent_ids[:, :, None] == segment_ids[:, None, :])
+            mask = mask & same
         args = (positions, mask, np.asarray(self.inv_freq, np.float32))
         return run_layers(self.layers, self.embed(tokens), args, self.remat, self.scan_layers)
 

@@ -20,6 +20,7 @@ class AlgorithmConfig:
     _target_: str = "stack.algorithms.sft.SFT"
     data_kinds: ClassVar[tuple[str, ...]] = ("sft", "text")
     objective: ClassVar[str] = "eval/loss"  # what trainer.objective means when it is null
+    shared_prompt_rows: ClassVar[bool] = False  # reads data.share_prompt's one-row pairs
 
     @staticmethod
     def check(node: Any, cfg: Any) -> None:
@@ -68,6 +69,7 @@ class DPOConfig(AlgorithmConfig):
     # true: reference log-probs computed once before training, stored with the data state
     precompute_reference: bool = False
     data_kinds: ClassVar[tuple[str, ...]] = ("preference",)
+    shared_prompt_rows: ClassVar[bool] = True
     loss_types: ClassVar[tuple[str, ...]] = (
         "sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
         "apo_zero", "apo_down", "discopop", "sigmoid_norm", "sft")

@@ -22,6 +22,8 @@ class DataConfig:
     # preference: keep at most this many loss tokens of each completion (TRL DPOConfig max_completion_length);
     # DPO then runs the output head at those positions only. null: whole completions, head everywhere
     max_completion_len: Any = None
+    # preference (DPO), with max_completion_len: one row per pair, the prompt once (stack/data/shared_prompt.py)
+    share_prompt: bool = False
     packing: bool = False  # first-fit packing of text/sft examples, with segment ids
     shuffle: bool = True
     skip_bad_records: bool = False  # drop records that do not fit, with a counted warning

@@ -77,6 +77,10 @@ def test_data_config_mistakes_fail_before_compute():
         ["algorithm=dpo", "data=jsonl_prefs", "data.max_completion_len=64"])
     assert "'data.max_completion_len'=8 applies to data.kind=preference, not 'sft'" in error_of(
         ["data.max_completion_len=8"])
+    assert "'data.share_prompt'=true needs data.max_completion_len" in error_of(
+        ["algorithm=dpo", "data=jsonl_prefs", "data.share_prompt=true"])
+    assert "'data.share_prompt'=true lays pairs out for algorithm=dpo; algorithm='rm' reads separate" in error_of(
+        ["algorithm=rm", "data=jsonl_prefs", "data.share_prompt=true", "data.max_completion_len=8"])
 
 
 def test_the_algorithm_says_which_data_it_reads():

@@ -47,6 +47,9 @@ def test_a_changed_default_and_other_overrides_are_named():
     problems = recipes.compare(EXPECTED, got)
     assert problems == ["the resolved config changed (re-record if intended):", "  model.d_model: 64 -> 128",
                         "  trainer.steps: '<absent>' -> 20"]
+    new_options = {"data.new_flag": False, "data.new_limit": None, "data.new_mode": "on"}  # added since recording
+    problems = recipes.compare(EXPECTED, run_like(config={"model.d_model": 64, "optimizer.lr": 0.003, **new_options}))
+    assert problems == ["the resolved config changed (re-record if intended):", "  data.new_mode: '<absent>' -> 'on'"]
     assert "other overrides" in recipes.compare({**EXPECTED, "overrides": ["trainer.steps=5"]}, got)[0]
 
 

@@ -56,9 +56,25 @@ def test_max_completion_len_keeps_the_first_k_completion_tokens_and_indexes_them
     assert row["loss_mask"][0].tolist() == [0, 0, 1, 1, 1, 1] + [0] * 10  # a, b, c, d: e, f and EOS cut
     assert row["segment_ids"][0].sum() == 6
     assert row["completion_positions"].tolist() == [[2, 3, 4, 5], [2, 3, 4, 0]]  # x, y, EOS, then padding
+    assert row["completion_targets"][1][:3].tolist() == [*TOK.encode("xy"), TOK.eos_id]
+    assert row["completion_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
     for k in ("inputs", "targets", "loss_mask"):  # the rejected completion fits: unchanged
         assert (row[k][1] == whole[k][1]).all()
-    assert row["loss_mask"][1][row["completion_positions"][1]].tolist() == [1, 1, 1, 0]
+
+
+def test_a_shared_prompt_row_holds_the_prompt_once_and_each_completion_after_it():
+    """data.share_prompt: BOS p q | a b c (d is only a target) | x y (EOS only a target); the
+    rejected completion's positions restart after the prompt and it sees the prompt, not a-d."""
+    rec = {"prompt": "pq", "chosen": "abcdef", "rejected": "xy"}
+    row = Encoder("preference", TOK, "simple", 8, "keep_start", max_completion_len=4, share_prompt=True)(rec)
+    assert row["inputs"].tolist() == [TOK.bos_id, *TOK.encode("pqabcxy"), *[TOK.pad_id] * 4]  # 8 + 4 wide
+    assert row["positions"].tolist() == [0, 1, 2, 3, 4, 5, 3, 4, 0, 0, 0, 0]
+    assert row["segment_ids"].tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 0, 0, 0, 0]
+    assert row["parent_ids"].tolist() == [1] * 8 + [0] * 4
+    # chosen a b c d predicted at q a b c; rejected x at q, y at x, EOS at y
+    assert row["completion_positions"].tolist() == [[2, 3, 4, 5], [2, 6, 7, 0]]
+    assert row["completion_targets"].tolist() == [TOK.encode("abcd"), [*TOK.encode("xy"), TOK.eos_id, 0]]
+    assert row["completion_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
 
 
 @pytest.mark.parametrize("record, message", [
