@@ -51,7 +51,7 @@ class Encoder:
         self.template = TEMPLATES[chat_template] if isinstance(chat_template, str) else chat_template
         self.seq_len, self.truncation, self.pack = seq_len, truncation, pack
         self.skip_bad, self.max_bad_fraction, self.window = skip_bad, max_bad_fraction, min(1000, n_records)
-        self.seen = self.bad = 0
+        self.seen = self.bad = self.cuts = 0
         self.max_completion, self.share_prompt = max_completion_len, share_prompt
 
     def __call__(self, record: dict[str, Any]) -> Row | None:
@@ -94,7 +94,8 @@ class Encoder:
         ids, mask = encode_pieces(self.tok, pieces, whole=not wrap)
         if wrap:
             ids, mask = [self.tok.bos_id] + ids + [self.tok.eos_id] * eos, [0] + mask + [1] * eos
-        if cut is not None:
+        if cut is not None and sum(mask) > cut:
+            self._note_cut(sum(mask), where)
             ids, mask = cut_completion(ids, mask, cut)
         n = self.seq_len + int(eos)  # a row: seq_len + 1 tokens; a prompt: seq_len
         if len(ids) > n:
@@ -109,6 +110,12 @@ class Encoder:
             raise DataError(f"{where}: no token carries loss after truncation to data.seq_len={self.seq_len} "
                             "(raise data.seq_len, use data.truncation=keep_end, or data.skip_bad_records=true).")
         return ids, mask
+
+    def _note_cut(self, n: int, where: str) -> None:
+        self.cuts += 1
+        if self.cuts <= 10 or self.cuts % 100 == 0:
+            log.warning("%s: a completion of %d tokens was cut to data.max_completion_len=%d (cut %d so far; "
+                        "raise it to keep whole completions)", where, n, self.max_completion, self.cuts)
 
     def _row(self, ids: list[int], mask: list[int], pad: bool) -> Row:
         real = len(ids) - 1

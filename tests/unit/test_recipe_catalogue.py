@@ -56,7 +56,7 @@ def test_a_changed_default_and_other_overrides_are_named():
 def test_catalogue_lists_every_recipe_with_its_header_fields():
     rows = {r[0]: r for r in recipes.catalogue()}
     assert set(rows) == set(recipe_files())
-    assert rows["llama_dpo"][1:] == ("dpo", "llama_tiny", "cpu", "~1.5 min")
+    assert rows["llama_dpo"][1:] == ("dpo", "llama_tiny", "cpu", "~40 s")
     assert rows["llama_rm"][1:4] == ("rm", "llama_small", "cpu")
     assert "groups:   model=llama_tiny" in recipes.show("llama_dpo")
 

@@ -46,10 +46,11 @@ def test_conversational_preferences_share_the_rendered_prompt():
     assert row["inputs"].shape == (2, 32) and row["loss_mask"].sum(axis=1).tolist() == [2, 2]  # answer + EOS
 
 
-def test_max_completion_len_keeps_the_first_k_completion_tokens_and_indexes_them():
+def test_max_completion_len_keeps_the_first_k_completion_tokens_and_indexes_them(caplog):
     """TRL DPOConfig max_completion_length: the completion's tail (and EOS) is dropped, the prompt kept."""
-    rec = {"prompt": "pq", "chosen": "abcdef", "rejected": "xy"}
+    rec = {"prompt": "pq", "chosen": "abcdef", "rejected": "xy", "_where": "p.jsonl:3"}
     row = Encoder("preference", TOK, "simple", 16, "keep_start", max_completion_len=4)(rec)
+    assert "p.jsonl:3: a completion of 7 tokens was cut to data.max_completion_len=4" in caplog.text
     whole = Encoder("preference", TOK, "simple", 16, "keep_start")(rec)
     assert row["inputs"][0][:6].tolist() == [TOK.bos_id, *TOK.encode("pqabc")]
     assert row["targets"][0][:6].tolist() == TOK.encode("pqabcd")
