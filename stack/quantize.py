@@ -49,6 +49,7 @@ def ptq_config(run: DictConfig, overrides: list[str]) -> DictConfig:
                 continue  # inside a group taken whole from the command line
             OmegaConf.update(cfg, key, OmegaConf.to_container(fresh, resolve=True)[key] if key in groups
                              else OmegaConf.select(fresh, key), force_add=True)
+        cfg.data.share_prompt, cfg.data.max_completion_len = False, None  # DPO's layouts: PTQ reads whole rows
     check_config(cfg.quantization)
     if not is_post_training(cfg.quantization):
         raise ConfigError(f"quantization={cfg.quantization.name} is not post-training quantization: name one of "

@@ -95,3 +95,13 @@ def test_overrides_replace_a_group_whole_and_a_key_alone():
     cfg = ptq_config(run, ["quantization=w4_ptq", "quantization.rules.0.tile_size=16", "trainer.eval_batches=3"])
     assert cfg.quantization.name == "w4_ptq" and cfg.quantization.rules[0].tile_size == 16
     assert cfg.trainer.eval_batches == 3 and cfg.data.seq_len == 96 and cfg.data.name == run.data.name
+
+
+def test_a_dpo_runs_shared_prompt_rows_are_read_whole_for_calibration():
+    """llama_dpo lays pairs out as shared-prompt rows; PTQ calibrates and measures on whole rows."""
+    run = OmegaConf.create(OmegaConf.to_container(make_cfg(["+recipe=llama_dpo"]), resolve=True))
+    assert run.data.share_prompt and run.data.max_completion_len == 8
+    cfg = ptq_config(run, ["quantization=w8_ptq"])
+    assert not cfg.data.share_prompt and cfg.data.max_completion_len is None
+    batch = ptq.rows(_batches(cfg, "eval", 1)[0])
+    assert batch["targets"].shape == (2 * cfg.data.batch_size, cfg.data.seq_len) and "loss_mask" in batch
