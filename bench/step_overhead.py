@@ -28,7 +28,10 @@ from hydra import compose, initialize_config_module
 from rows import emit  # bench/ is on sys.path when run as a script
 from stack.build import build
 from stack.hardware import measure_cpu_peak
+from stack.host_memory import keep_freed_host_memory
 from stack.trainer import Trainer
+
+keep_freed_host_memory()  # as `python -m stack` does on CPU before jax starts its threads (stack.app)
 
 SIZES = {
     "tiny": ["model=llama_tiny", "trainer.steps=300"],

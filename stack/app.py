@@ -23,12 +23,14 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
+from stack.host_memory import keep_freed_host_memory
 from stack.launcher import launcher_for
 from stack.jobstatus import write_status
 from stack.report import FAILED_JOBS
 from stack.models.hf_config import take_architecture
 from stack.rundir import creatable
 from stack.validate import validate
+from stack.worker_cores import pin_worker
 
 CONFIG_MODULE = "stack.conf"
 
@@ -159,9 +161,21 @@ def _run(cfg: DictConfig) -> Any:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
         os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # their executables cannot be loaded back
+    if cfg.hardware.platform == "cpu":
+        _tune_host()
     from stack.run import run  # jax is imported only here, after validation
 
     return run(cfg)
+
+
+def _tune_host() -> None:
+    """Before jax starts its threads on a CPU run: malloc keeps freed pages (stack.host_memory), and
+    a parallel sweep's worker takes its share of the cores (stack.worker_cores)."""
+    keep_freed_host_memory()
+    hc = HydraConfig.get()
+    n_jobs = hc.launcher.get("n_jobs") if hc.mode == RunMode.MULTIRUN else None
+    if n_jobs:
+        pin_worker(hc.sweep.dir, n_jobs if n_jobs > 0 else (os.cpu_count() or 1) + 1 + n_jobs)  # joblib's -1: all
 
 
 @hydra.main(version_base=None, config_path="pkg://stack.conf", config_name="config")

@@ -23,6 +23,7 @@ from stack.schema import objective_of
 from stack.summary import Summary
 from stack.trainer import train
 from stack.warm_start import warm_start
+from stack.worker_cores import worker_cores
 
 
 def _hydra_context() -> tuple[str | None, str | None, str | None]:
@@ -107,7 +108,8 @@ def run(cfg: DictConfig) -> Any:
                           f"available: {', '.join(sorted(summary.metrics()))}.")
     if jax.process_index() == 0:  # for sweep reports and a sweep's exit code (stack.report)
         write_status(summary.run_dir, summary.status, objective=name, value=objective, step=summary.final_step,
-                     seconds=summary.perf.get("seconds"), message=summary.message, devices=jax.device_count())
+                     seconds=summary.perf.get("seconds"), message=summary.message, devices=jax.device_count(),
+                     cores=worker_cores())
     print(describe(summary, name), file=sys.stdout)
     if summary.status == "stopped_nonfinite":
         raise RunFailed(summary.message)

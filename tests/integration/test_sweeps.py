@@ -7,6 +7,7 @@ import os
 import numpy as np
 import optuna
 
+from stack.worker_cores import share
 from tests.conftest import fake_devices, run_cli
 
 SMALL = ["+recipe=llama_sft", "trainer.steps=12", "trainer.eval_every=6", "trainer.log_every=6",
@@ -36,6 +37,9 @@ def test_joblib_sweep_runs_jobs_in_workers_isolates_a_failure_and_reports(tmp_pa
     jobs = {d: status(sweep / d) for d in "0123"}
     assert [jobs[d]["status"] for d in "0123"] == ["completed", "completed", "failed", "completed"]
     assert all(jobs[d]["devices"] == 4 for d in "013"), "XLA_FLAGS did not reach the joblib workers"
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # each worker pinned to its own half of the cores (stack.worker_cores)
+        assert {tuple(jobs[d]["cores"]) for d in "013"} <= {tuple(share(cores, slot, 2)) for slot in (0, 1)}
     for d in "013":  # each job its own run dir and metrics
         rows = [json.loads(x) for x in open(sweep / d / "metrics.jsonl")]
         assert rows[-1]["eval/loss"] == jobs[d]["value"]
