@@ -3,6 +3,9 @@ at smaller sizes and one trial, a few minutes on 2 cores), from the repository r
 
 Each bench runs in its own process (its XLA flags and threads are its own) and prints its usual
 lines plus its rows (bench/rows.py); the table lists bench, ratio, goal and `ok` or `miss` last.
+The processes share one fresh persistent compilation cache (a program another bench or an earlier
+run in the same bench compiled loads from it; every ratio leaves compilation out), except the
+benches that time compilation.
 A bench that needs a package that is not installed (libtpu, Tunix) is named under the table.
 """
 
@@ -11,6 +14,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from bench.rows import holds, parse
@@ -32,12 +36,16 @@ BENCHES = {
     "tunix_grpo": ([], ["--trials", "1", "--rounds", "4", "--warmup", "1"], "tunix"),
     "tunix_dpo": ([], ["--trials", "1", "--steps", "42", "--warmup", "2"], "tunix"),
 }
+TIMES_COMPILE = {"aot_compile", "first_step"}  # no shared compilation cache for these
 
 
-def run(script: str, args: list[str]) -> tuple[list[dict], str]:
-    """(rows, '' or why the bench failed) of one bench process."""
+def run(script: str, args: list[str], cache: str) -> tuple[list[dict], str]:
+    """(rows, '' or why the bench failed) of one bench process; `cache`: the shared compilation cache."""
+    env = dict(os.environ)
+    if script not in TIMES_COMPILE:
+        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     res = subprocess.run([sys.executable, os.path.join(HERE, f"{script}.py"), *args], capture_output=True, text=True,
-                         check=False)
+                         env=env, check=False)
     rows = parse(res.stdout)
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
@@ -65,14 +73,15 @@ def main() -> None:
     if unknown := sorted(set(args.benches) - set(BENCHES)):
         parser.error(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
     results, missing, start = {}, [], time.perf_counter()
-    for script in args.benches or BENCHES:
-        full, quick, needs = BENCHES[script]
-        if needs and importlib.util.find_spec(needs) is None:
-            missing.append(f"{script} (needs {needs})")
-            continue
-        began = time.perf_counter()
-        results[script] = run(script, quick if args.quick else full)
-        print(f"ran {script} in {time.perf_counter() - began:.0f} s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-jax-cache-") as cache:
+        for script in args.benches or BENCHES:
+            full, quick, needs = BENCHES[script]
+            if needs and importlib.util.find_spec(needs) is None:
+                missing.append(f"{script} (needs {needs})")
+                continue
+            began = time.perf_counter()
+            results[script] = run(script, quick if args.quick else full, cache)
+            print(f"ran {script} in {time.perf_counter() - began:.0f} s", flush=True)
     print("\n".join(table(results)))
     print(f"{time.perf_counter() - start:.0f} s" + (f"; not run: {', '.join(missing)}" if missing else ""))
     sys.exit(1 if any(failure for _, failure in results.values()) else 0)

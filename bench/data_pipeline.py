@@ -1,7 +1,7 @@
 """Data pipeline throughput, and how long the training loop waits for data.
 
     python bench/data_pipeline.py
-    python bench/data_pipeline.py --quick    # part 2 only, in one process, 80 steps per run
+    python bench/data_pipeline.py --quick    # part 2 only, in one process, 48 steps per run
 
 1. examples/s of read + tokenize (+ pack) + batch over the shipped SFT sample, with the
    default background-thread prefetch, with 2 Grain worker processes, and packed.
@@ -72,9 +72,9 @@ def data_wait(overrides: list[str], steps: int, fixed: bool = False) -> tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the loop's data wait in one process, 80 steps a run")
+    parser.add_argument("--quick", action="store_true", help="the loop's data wait in one process, 48 steps a run")
     args = parser.parse_args()
-    steps = 80 if args.quick else 300
+    steps = 48 if args.quick else 300
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s)")
     for label, overrides in [] if args.quick else [("prefetch thread", []), ("2 worker processes", ["data.workers=2"]),
                              ("packed, prefetch thread", ["data.packing=true"]),

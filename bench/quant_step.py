@@ -37,12 +37,19 @@ def step_seconds(name: str, size: list[str]) -> float:
     return ours(replace(exp, train_batches=Fixed(exp.eval_batches[0])))
 
 
-def memory_mib(name: str, quick: bool) -> tuple[float, float]:
-    """(live jax array MiB, peak resident MiB) of a child process that trains the variant."""
-    out = subprocess.run([sys.executable, __file__, "--child", name, *(["--quick"] if quick else [])],
-                         capture_output=True, text=True, check=True)
-    live, peak = out.stdout.strip().splitlines()[-1].split()
-    return float(live), float(peak)
+def memory_mib(names: list[str], quick: bool) -> dict[str, tuple[float, float]]:
+    """Per variant, (live jax array MiB, peak resident MiB) of a child process that trains it; the
+    children run at once (memory, not time, is measured)."""
+    children = {name: subprocess.Popen([sys.executable, __file__, "--child", name, *(["--quick"] if quick else [])],
+                                       stdout=subprocess.PIPE, text=True) for name in names}
+    memory = {}
+    for name, child in children.items():
+        out, _ = child.communicate()
+        if child.returncode:
+            raise RuntimeError(f"the {name} child exited {child.returncode}")
+        live, peak = out.strip().splitlines()[-1].split()
+        memory[name] = float(live), float(peak)
+    return memory
 
 
 def child(name: str, size: list[str]) -> None:
@@ -72,7 +79,7 @@ def main() -> None:
     for _ in range(1 if args.quick else args.trials):
         for name in names:
             times[name].append(step_seconds(name, size))
-    memory = {name: memory_mib(name, args.quick) for name in (["full", "qlora_nf4"] if args.quick else names)}
+    memory = memory_mib(["full", "qlora_nf4"] if args.quick else names, args.quick)
     (full_live, full_peak), full_t = memory["full"], min(times["full"])
     for name in names:
         t, (live, peak) = times[name], memory.get(name, (float("nan"), float("nan")))
