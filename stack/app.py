@@ -30,7 +30,7 @@ from stack.report import FAILED_JOBS
 from stack.models.hf_config import take_architecture
 from stack.rundir import creatable
 from stack.validate import validate
-from stack.worker_cores import pin_worker
+from stack.worker_cores import pin_worker, process_workers
 
 CONFIG_MODULE = "stack.conf"
 
@@ -173,9 +173,9 @@ def _tune_host() -> None:
     a parallel sweep's worker takes its share of the cores (stack.worker_cores)."""
     keep_freed_host_memory()
     hc = HydraConfig.get()
-    n_jobs = hc.launcher.get("n_jobs") if hc.mode == RunMode.MULTIRUN else None
+    n_jobs = process_workers(hc.launcher) if hc.mode == RunMode.MULTIRUN else None
     if n_jobs:
-        pin_worker(hc.sweep.dir, n_jobs if n_jobs > 0 else (os.cpu_count() or 1) + 1 + n_jobs)  # joblib's -1: all
+        pin_worker(hc.sweep.dir, n_jobs)
 
 
 @hydra.main(version_base=None, config_path="pkg://stack.conf", config_name="config")

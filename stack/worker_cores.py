@@ -1,8 +1,8 @@
 """Give each worker of a parallel sweep (`hydra/launcher=joblib`, n_jobs > 1) its own share of
 this machine's cores, on CPU runs.
 
-Unpinned, every worker's XLA thread pool spans all cores: on 2 cores two tiny-recipe jobs ran at
-~0.6 of one job's speed each, below what one core alone gives a job (~0.65). A worker claims the
+Unpinned, every worker's XLA thread pool spans all cores and they fight over them: on 2 cores two
+tiny-recipe jobs at once ran at 27-30k tokens/s each, pinned to a core each at 41-47k. A worker claims the
 first free slot of n_jobs (an flock'd file under `<sweep dir>/.cores/`, held while the worker
 process lives, so a slot frees itself when its worker exits or dies) and pins itself to that
 slot's contiguous share of the cores before jax starts: XLA sizes its thread pool from the
@@ -11,9 +11,21 @@ affinity mask.
 
 import fcntl
 import os
-from typing import IO
+from typing import IO, Any
 
 _slot: list[IO[str]] = []  # the claimed slot's open, locked file: kept for the process's life
+
+
+def process_workers(launcher: Any) -> int | None:
+    """How many jobs a multirun's launcher config runs at once in worker processes (joblib's
+    n_jobs; -1: all cores, -2: all but one); None for launchers that run jobs in this process
+    or in threads (joblib's `backend=threading`, `prefer=threads`, `require=sharedmem`)."""
+    n_jobs, backend = launcher.get("n_jobs"), launcher.get("backend")
+    threads = backend == "threading" or (backend is None and (launcher.get("prefer") == "threads"
+                                                              or launcher.get("require") == "sharedmem"))
+    if not n_jobs or threads:
+        return None
+    return n_jobs if n_jobs > 0 else (os.cpu_count() or 1) + 1 + n_jobs
 
 
 def share(cores: list[int], slot: int, n_jobs: int) -> list[int]:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stack.worker_cores import share
+from stack.worker_cores import process_workers, share
 
 FAULTS = """
 import ctypes, resource, sys
@@ -45,6 +45,16 @@ def test_share_gives_each_slot_a_contiguous_part_and_wraps_past_the_cores():
     assert [share([0, 1, 2, 3], s, 2) for s in (0, 1)] == [[0, 1], [2, 3]]
     assert [share([0, 1, 2, 3, 4], s, 3) for s in (0, 1, 2)] == [[0], [1, 2], [3, 4]]  # i*5//3: 0, 1, 3, 5
     assert [share([4, 6], s, 4) for s in range(4)] == [[4], [6], [4], [6]]
+
+
+def test_only_process_workers_are_counted_and_negative_n_jobs_count_back_from_the_cores():
+    cores = os.cpu_count()
+    assert process_workers({"n_jobs": 2}) == 2  # joblib's defaults: loky processes
+    assert process_workers({"n_jobs": -1}) == cores and process_workers({"n_jobs": -2}) == cores - 1
+    assert process_workers({}) is None  # the basic launcher: jobs in this process
+    for threads in ({"backend": "threading"}, {"prefer": "threads"}, {"require": "sharedmem"}):
+        assert process_workers({"n_jobs": 2, **threads}) is None, threads
+    assert process_workers({"n_jobs": 2, "backend": "loky", "prefer": "threads"}) == 2  # an explicit backend wins
 
 
 PIN = """
