@@ -2,7 +2,9 @@
 TPU VM pod (`gcloud compute tpus tpu-vm ssh --worker=all`) or as a GKE workload (`xpk workload
 create`). Each host runs `python -m stack ARGS launcher=none` with STACK_DISTRIBUTED=auto, so
 `jax.distributed.initialize()` finds the pod's coordinator by itself (stack.launcher).
-`launcher.dry_run=true` prints the command; otherwise it runs and its exit code is the job's."""
+`launcher.dry_run=true` prints the command; otherwise it runs and its exit code is the job's.
+Without `launcher.zone` / `launcher.project`, gcloud uses its configured `compute/zone` and
+`core/project` (gcloud's own defaults for `tpu-vm ssh`)."""
 
 import shlex
 import subprocess
@@ -12,7 +14,7 @@ from typing import Any
 
 from stack.errors import ConfigError
 
-REQUIRED = {"tpu_pod": ("tpu_name", "zone"), "xpk": ("cluster", "tpu_type", "docker_image")}
+REQUIRED = {"tpu_pod": ("tpu_name",), "xpk": ("cluster", "tpu_type", "docker_image")}
 
 
 def remote_command(launcher: Any, argv: list[str]) -> str:
@@ -30,8 +32,8 @@ def cloud_command(launcher: Any, argv: list[str]) -> list[str]:
                           f"(required: {', '.join(REQUIRED[launcher.name])}); see conf/launcher/{launcher.name}.yaml.")
     remote = remote_command(launcher, argv)
     if launcher.name == "tpu_pod":
-        project = [f"--project={launcher.project}"] if launcher.project else []
-        return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", launcher.tpu_name, f"--zone={launcher.zone}", *project,
+        where = [f"--{k}={launcher[k]}" for k in ("zone", "project") if launcher[k]]
+        return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", launcher.tpu_name, *where,
                 "--worker=all", f"--command=cd {launcher.workdir} && {remote}"]
     workload = launcher.workload or time.strftime("stack-%Y%m%d-%H%M%S")
     return ["xpk", "workload", "create", f"--cluster={launcher.cluster}", f"--workload={workload}",

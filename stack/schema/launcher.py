@@ -14,7 +14,7 @@ class LauncherConfig:
     grace_seconds: float = 10.0  # local: after one rank fails, how long the others get to stop
     dry_run: bool = False  # tpu_pod / xpk: print the command instead of running it
     tpu_name: Optional[str] = None  # tpu_pod: the TPU VM (required)
-    zone: Optional[str] = None  # tpu_pod: its zone (required)
+    zone: Optional[str] = None  # tpu_pod: its zone (null: gcloud's compute/zone)
     project: Optional[str] = None  # tpu_pod: the GCP project (null: gcloud's default)
     workdir: str = "~/stack"  # tpu_pod: where the checkout lives on every host
     env: List[str] = field(default_factory=list)  # tpu_pod / xpk: extra KEY=VALUE for the command

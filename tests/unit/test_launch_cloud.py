@@ -35,7 +35,14 @@ def test_xpk_creates_one_workload():
                    "launcher=none"]
 
 
-@pytest.mark.parametrize("launcher,missing", [("tpu_pod", "launcher.tpu_name, launcher.zone"),
+def test_tpu_pod_without_zone_leaves_it_to_gcloud_config():
+    """Issue 17's command names no zone: gcloud then uses its configured compute/zone."""
+    got = command(["launcher=tpu_pod", "launcher.tpu_name=my-v5e-32", "launcher.dry_run=true"])
+    assert got[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v5e-32", "--worker=all"]
+    assert not any(a.startswith(("--zone", "--project")) for a in got)
+
+
+@pytest.mark.parametrize("launcher,missing", [("tpu_pod", "launcher.tpu_name"),
                                               ("xpk", "launcher.cluster, launcher.tpu_type, launcher.docker_image")])
 def test_a_cloud_launcher_names_what_it_lacks(launcher, missing):
     cfg = make_cfg(JOB + [f"launcher={launcher}"])
