@@ -212,7 +212,8 @@ def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
         updates, opt_state = exp.tx.update(grads, state.opt_state, state.params)
         new = replace(state, params=optax.apply_updates(state.params, updates), opt_state=opt_state,
                       step=state.step + 1)
-        return new, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        lr = exp.schedule(state.step)  # the step's learning rate, logged as train/lr
+        return new, {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr}
 
     def evaluate(state: TrainState, frozen: Any, xp: Batch, scores: Any) -> Metrics:
         m, f = models(state), frozen_of(frozen)

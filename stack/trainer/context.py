@@ -78,7 +78,12 @@ class Hook:
         """Before the first round (state restored or initialised)."""
 
     def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
-        """After each optimizer step: `metrics` on device; add what to log now to `row`."""
+        """After each optimizer step, without waiting for it: `metrics` on device; add what to log
+        at this step to `row` (eval does, and waits)."""
+
+    def log(self, run: Run, row: dict[str, float]) -> None:
+        """At a logging step, once the next step is dispatched (so the device stays busy) or the run
+        ends: fetch the step's values and add them to `row` (`run.step` is still the logged step)."""
 
     def after_round(self, run: Run) -> None:
         """After the round's last step (rounds are where checkpoints and stops fall)."""

@@ -10,10 +10,6 @@ from stack.hardware import mfu_metrics
 from stack.trainer.context import Hook, Run
 
 
-def is_log_step(run: Run, every: int) -> bool:
-    return run.step % every == 0 or run.done
-
-
 def window_mean(window: list[dict[str, Any]], prefix: str) -> dict[str, float]:
     """Per-key means of a list of metric dicts (the host sync of a logging step)."""
     host = jax.device_get(window)
@@ -21,21 +17,25 @@ def window_mean(window: list[dict[str, Any]], prefix: str) -> dict[str, float]:
 
 
 class MetricsLog(Hook):
-    """Keeps each step's metrics on device; at logging steps adds their means as `train/*`,
-    the learning rate and the data epoch to the row."""
+    """Keeps each step's metrics on device; at logging steps adds their means as `train/*`, the
+    step's learning rate (the update's own, not a mean) and the data epoch to the row."""
 
-    def __init__(self, feed: Any, every: int):
-        self.feed, self.every = feed, every
+    def __init__(self, feed: Any):
+        self.feed = feed
         self.window: list[dict[str, jax.Array]] = []
+        self.data_state: Any = None  # the data state of the window's last step
 
     def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
         self.window.append(metrics)
-        if not is_log_step(run, self.every):
-            return
-        row.update(window_mean(self.window, "train/"))
+        self.data_state = run.data_state
+
+    def log(self, run: Run, row: dict[str, float]) -> None:
+        lr = self.window[-1].get("lr")
+        row.update(window_mean([{k: v for k, v in m.items() if k != "lr"} for m in self.window], "train/"))
         self.window = []
-        row["train/lr"] = float(jax.device_get(run.exp.schedule(run.step - 1)))
-        row["data/epoch"] = self.feed.batches.epoch(run.data_state)
+        if lr is not None:
+            row["train/lr"] = float(jax.device_get(lr))
+        row["data/epoch"] = self.feed.batches.epoch(self.data_state)
         run.train = {k: v for k, v in row.items() if k.startswith(("train/", "data/"))}
 
 
@@ -43,8 +43,8 @@ class Throughput(Hook):
     """perf/* at logging steps (tokens/s, step seconds, data wait, TFLOP/s, MFU; on-policy: `eps`) and for the
     whole run; the first step (compilation) is timed apart and left out."""
 
-    def __init__(self, feed: Any, every: int):
-        self.feed, self.every = feed, every
+    def __init__(self, feed: Any):
+        self.feed = feed
         self.wall_start = self.start = self.window_start = self.steady_start = 0.0
         self.window_steps = self.steady_steps = 0
 
@@ -60,7 +60,10 @@ class Throughput(Hook):
             self.steady_start = self.window_start
             return
         self.steady_steps += 1
-        if is_log_step(run, self.every) and self.window_steps:
+
+    def log(self, run: Run, row: dict[str, float]) -> None:
+        """The window's rates; MetricsLog's fetch before it waited for the window's last step."""
+        if self.window_steps:
             seconds = run.clock.now() - self.window_start
             row.update(self._rates(run, self.window_steps, seconds))
             row["perf/data_wait_fraction"] = self.feed.stalled / seconds  # the device waited for data

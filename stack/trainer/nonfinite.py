@@ -1,5 +1,6 @@
 """NaN policy (`trainer.nan_policy`): `stop` ends the run at the first non-finite train loss
-seen at a logging step or before a checkpoint save, so no bad state is ever written."""
+seen at a logging step or before a checkpoint save, so no bad state is ever written. A logging
+step's row is fetched once the next step is dispatched, so the run stops after that step's round."""
 
 import math
 from typing import Any
@@ -18,8 +19,9 @@ class NonFinite(Hook):
         if self.policy != "stop":
             return
         self.unchecked.append((run.step, metrics["loss"]))
-        if "train/loss" in row:  # a logging step: the window's losses are on the host now
-            self.check(run)
+
+    def log(self, run: Run, row: dict[str, Any]) -> None:
+        self.check(run)  # a logging step: the window's losses are on the host now
 
     def check(self, run: Run) -> bool:
         """True when every loss since the last check is finite; else stop the run (policy stop)."""

@@ -7,7 +7,9 @@ the algorithm's jitted `collect`, its host `score` (if any) and jitted `finalize
 `epochs × minibatches` optimizer steps (stack.step). The loop body knows nothing about the
 objective; everything else (logging window, throughput, NaN policy, eval, signals,
 checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds to the
-logged row. Host syncs happen only in hooks at logging, eval and checkpoint steps.
+logged row. Host syncs happen only in hooks at logging, eval and checkpoint steps; a logging
+step's row is completed (`Hook.log`) once the next step is dispatched, so the fetch never
+leaves the device idle while the host prepares the next step.
 """
 
 import math
@@ -36,7 +38,7 @@ def default_hooks(exp, feed: Feed) -> list[Hook]:
     """The side concerns of a run, in the order they see each step."""
     t = exp.cfg.trainer
     guard = NonFinite(t.nan_policy)
-    hooks: list[Hook] = [MetricsLog(feed, t.log_every), Throughput(feed, t.log_every), guard,
+    hooks: list[Hook] = [MetricsLog(feed), Throughput(feed), guard,
                          Evaluation(t.eval_every), Signals()]
     if exp.checkpointer is not None:
         hooks.append(Checkpointing(exp.checkpointer, guard, exp.cfg.checkpoint.overlap))
@@ -63,6 +65,8 @@ class Trainer:
         self.sharding = batch_sharding(exp.mesh, exp.rules)
         self.feed = Feed(exp.train_batches, self.sharding, exp.cfg.trainer.grad_accum * schedule.minibatches)
         self.hooks = default_hooks(exp, self.feed) if hooks is None else hooks
+        self.every = exp.cfg.trainer.log_every
+        self.held: tuple[int, dict[str, float]] | None = None  # a logging step's row, until the next dispatch
         self.parts: Parts | None = None
         self.state: TrainState | None = None  # the final state once `run` returns
 
@@ -75,6 +79,7 @@ class Trainer:
                 pending = self.feed.read()
                 while run.status == RUNNING and not run.done:
                     pending = self._round(run, pending)
+                self._log_held(run)
                 if run.status == RUNNING:
                     run.status = COMPLETED
             finally:
@@ -101,15 +106,28 @@ class Trainer:
             run.state, metrics = run.programs.update(run.state, run.frozen, xp, j)
             if j == len(self.plan) - 1:
                 pending = self.feed.read(busy=metrics)  # the host reads while the device runs the step
+            self._log_held(run)  # the last logging step's values, fetched while this step runs
             run.step += 1
             row: dict[str, float] = {}
             for hook in self.hooks:
                 hook.after_step(run, {**metrics, **extra}, row)
-            if row:
+            if run.step % self.every == 0 or run.done:
+                self.held = (run.step, row)
+            elif row:
                 run.emit(run.step, row)
         for hook in self.hooks:
             hook.after_round(run)
         return pending
+
+    def _log_held(self, run: Run) -> None:
+        """Complete and emit the held logging step's row: every hook's `log`, then what it had."""
+        if self.held is None:
+            return
+        (step, row), self.held = self.held, None
+        logged: dict[str, float] = {}
+        for hook in self.hooks:
+            hook.log(run, logged)
+        run.emit(step, {**logged, **row})
 
     def start(self) -> Run:
         """The run's state: restored from the newest checkpoint, or initialised (and precomputed)."""

@@ -79,6 +79,7 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_losses(tmp_path, reference):
     run_dir = tmp_path / "run"
     proc = start(ARGS + ["logger=wandb", f"run_dir={run_dir}"], str(tmp_path))
     wait_for_step(run_dir, 17, proc)
+    wait_for_checkpoint(run_dir, proc)  # step 7's save commits in the background, steps later
     proc.kill()  # SIGKILL: no handler runs, an async save may be cut short
     proc.wait()
     assert len(losses(run_dir)) < 30

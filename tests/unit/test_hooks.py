@@ -30,13 +30,11 @@ class State:
         return {"params": {"w": jnp.full((3,), self.value)}, "step": jnp.int32(0)}
 
 
-def record(steps: int = 10, step: int = 0, **cfg) -> SimpleNamespace:
+def record(steps: int = 10, step: int = 0) -> SimpleNamespace:
     """The fields of stack.trainer.context.Run that the hooks read."""
-    trainer = SimpleNamespace(steps=steps, log_every=cfg.get("log_every", 2))
     run = SimpleNamespace(step=step, total_steps=steps, status=RUNNING, message="", checkpoint=None, columns=None, signal=None,
                           clock=Clock(), state=State(0.0), data_state={"next_index": step}, train={},
-                          exp=SimpleNamespace(cfg=SimpleNamespace(trainer=trainer), wandb_id=None,
-                                              schedule=lambda s: jnp.float32(0.1)))
+                          exp=SimpleNamespace(wandb_id=None))
     run.done = False
     return run
 
@@ -152,14 +150,18 @@ def test_signals_turn_into_a_preemption_at_the_round_end():
 
 
 def test_metrics_window_means_at_logging_steps():
+    """Means over the steps since the last log; lr and data epoch of the window's last step."""
     feed = SimpleNamespace(batches=SimpleNamespace(epoch=lambda state: state["next_index"] / 100))
-    hook, run = MetricsLog(feed, 2), record(log_every=2)
+    hook, run = MetricsLog(feed), record()
     rows = []
     for step, loss in ((1, 4.0), (2, 2.0), (3, 1.0), (4, 3.0)):
         run.step, run.data_state, row = step, {"next_index": step * 8}, {}
-        hook.after_step(run, {"loss": jnp.float32(loss)}, row)
+        hook.after_step(run, {"loss": jnp.float32(loss), "lr": jnp.float32(step / 10)}, row)
+        assert row == {}  # nothing is fetched when the step is dispatched
+        if step % 2 == 0:
+            run.data_state = {"next_index": 99}  # the next round's: the row keeps its own step's
+            hook.log(run, row)
         rows.append(row)
-    assert rows[0] == {} and rows[2] == {}
-    assert rows[1]["train/loss"] == 3.0 and rows[3]["train/loss"] == 2.0
-    assert rows[3]["data/epoch"] == 0.32 and np.isclose(rows[3]["train/lr"], 0.1)
+    assert rows[1]["train/loss"] == 3.0 and rows[3]["train/loss"] == 2.0 and "train/lr" in rows[1]
+    assert rows[3]["data/epoch"] == 0.32 and np.isclose(rows[3]["train/lr"], 0.4)
     assert run.train["train/loss"] == 2.0 and run.status != COMPLETED

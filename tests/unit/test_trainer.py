@@ -19,6 +19,7 @@ from stack.errors import ConfigError
 from stack.parallel import batch_sharding, global_batch
 from stack.step import minibatch
 from stack.trainer import Trainer, train
+from stack.trainer.context import Hook
 from tests.conftest import QUICK, captured, loss_of, make_cfg, read_metrics
 from tests.unit.toy_reinforce import Reinforce
 
@@ -101,15 +102,44 @@ def test_lr_logged_follows_schedule(tmp_path):
     train(exp)
     rows = [r for r in cap.rows if "train/lr" in r]
     assert [r["step"] for r in rows] == [5, 10]
-    assert rows[0]["train/lr"] == float(exp.schedule(4))
-    assert rows[0]["train/lr"] == pytest.approx(cfg.optimizer.lr, rel=1e-6)  # warmup ends at step 4
+    # the update's own lr at the logged step (index step-1), not the window's mean: warmup to the
+    # peak over 4 steps, then cosine decay to 0.1 x peak over steps 4..10 (optax warmup_cosine_decay_schedule)
+    peak, end = cfg.optimizer.lr, cfg.optimizer.extra.end_lr_ratio * cfg.optimizer.lr
+    cosine = lambda i: end + (peak - end) * 0.5 * (1 + np.cos(np.pi * (i - 4) / 6))  # noqa: E731
+    assert rows[0]["train/lr"] == pytest.approx(cosine(4), rel=1e-6) == pytest.approx(peak, rel=1e-6)
+    assert rows[1]["train/lr"] == pytest.approx(cosine(9), rel=1e-6)
+
+
+class FetchedAt(Hook):
+    """At each logging row's fetch: (the logged step, the optimizer steps dispatched by then)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def log(self, run, row) -> None:
+        self.seen.append((run.step, int(jax.device_get(run.state.step))))
+
+
+def test_a_logging_row_is_fetched_once_the_next_step_is_dispatched(tmp_path):
+    """The fetch waits for step k while step k+1 is queued (the device never idles for the log);
+    the last row is fetched at the end; rows reach the sinks in step order, eval rows between."""
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=6", "trainer.log_every=2", "trainer.eval_every=3"])
+    exp, cap = captured(build(cfg, str(tmp_path)))
+    trainer, hook = Trainer(exp), FetchedAt()
+    trainer.hooks.append(hook)
+    trainer.run()
+    assert hook.seen == [(2, 3), (4, 5), (6, 6)]
+    assert [(r["step"], "train/loss" in r, "eval/loss" in r) for r in cap.rows] == [
+        (0, False, True), (2, True, False), (3, False, True), (4, True, False), (6, True, True)]
 
 
 def test_nan_loss_stops_the_run_with_a_status(tmp_path):
     cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=4", "trainer.log_every=1",
                            "optimizer.lr=nan", "optimizer.warmup_steps=0"])
     summary = train(build(cfg, str(tmp_path)))
-    assert summary.status == "stopped_nonfinite" and summary.final_step == 2
+    # step 2's loss is the first non-finite one (step 1's params were finite); its row is fetched
+    # once step 3 is dispatched, so the run stops after step 3's round
+    assert summary.status == "stopped_nonfinite" and summary.final_step == 3
     assert "at step 2" in summary.message and "nan_policy" in summary.message
 
 
