@@ -14,6 +14,7 @@ leaves the device idle while the host prepares the next step.
 
 import math
 import os
+from contextlib import suppress
 from dataclasses import replace
 
 import jax
@@ -82,6 +83,10 @@ class Trainer:
                 self._log_held(run)
                 if run.status == RUNNING:
                     run.status = COMPLETED
+            except BaseException:
+                with suppress(Exception):  # the last logging step's row, if it can still be fetched
+                    self._log_held(run)
+                raise
             finally:
                 self.feed.close()
                 for hook in self.hooks:

@@ -133,6 +133,27 @@ def test_a_logging_row_is_fetched_once_the_next_step_is_dispatched(tmp_path):
         (0, False, True), (2, True, False), (3, False, True), (4, True, False), (6, True, True)]
 
 
+class FailAt(Hook):
+    """Raises at the round end of `step` (after the trainer held that step's row)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_round(self, run) -> None:
+        if run.step == self.step:
+            raise RuntimeError("boom")
+
+
+def test_a_crash_still_logs_the_held_row(tmp_path):
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=6", "trainer.log_every=2"])
+    exp, cap = captured(build(cfg, str(tmp_path)))
+    trainer = Trainer(exp)
+    trainer.hooks.append(FailAt(4))
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.run()
+    assert [r["step"] for r in cap.rows if "train/loss" in r] == [2, 4]
+
+
 def test_nan_loss_stops_the_run_with_a_status(tmp_path):
     cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=4", "trainer.log_every=1",
                            "optimizer.lr=nan", "optimizer.warmup_steps=0"])
