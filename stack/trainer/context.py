@@ -83,7 +83,8 @@ class Hook:
 
     def log(self, run: Run, row: dict[str, float]) -> None:
         """At a logging step, once the next step is dispatched (so the device stays busy) or the run
-        ends: fetch the step's values and add them to `row` (`run.step` is still the logged step)."""
+        ends: fetch the step's values and add them to `row` (`run.step` is still the logged step;
+        `run.state` may already be the next step's)."""
 
     def after_round(self, run: Run) -> None:
         """After the round's last step (rounds are where checkpoints and stops fall)."""
