@@ -8,6 +8,7 @@ from typing import Any
 import jax
 
 from stack.trainer.context import NONFINITE, RUNNING, Hook, Run
+from stack.trainer.metrics import to_host
 
 
 class NonFinite(Hook):
@@ -25,7 +26,7 @@ class NonFinite(Hook):
 
     def check(self, run: Run) -> bool:
         """True when every loss since the last check is finite; else stop the run (policy stop)."""
-        losses, self.unchecked = jax.device_get(self.unchecked), []
+        losses, self.unchecked = to_host(self.unchecked), []
         bad = next(((step, float(loss)) for step, loss in losses if not math.isfinite(float(loss))), None)
         if bad is None or self.policy != "stop":
             return True
