@@ -1,6 +1,7 @@
 """NaN policy (`trainer.nan_policy`): `stop` ends the run at the first non-finite train loss
 seen at a logging step or before a checkpoint save, so no bad state is ever written. A logging
-step's row is fetched once the next step is dispatched, so the run stops after that step's round."""
+step's row is fetched once the next step is dispatched, so the run stops at the end of the round
+running then (SFT, log_every=1: one step after the bad one)."""
 
 import math
 from typing import Any
