@@ -24,7 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
 from stack.host_memory import keep_freed_host_memory
-from stack.launcher import launcher_for
+from stack.launcher import end_failed_rank, launcher_for, one_of_several
 from stack.jobstatus import write_status
 from stack.report import FAILED_JOBS
 from stack.models.hf_config import take_architecture
@@ -206,7 +206,8 @@ def hydra_task(cfg: DictConfig) -> Any:
 
 def main() -> None:
     """`python -m stack [overrides]`: preflight, then hand over to Hydra. Ctrl-C anywhere ends
-    the process with one line and exit code 130 (in the loop, after the save it triggers)."""
+    the process with one line and exit code 130 (in the loop, after the save it triggers); a
+    failing rank of a multi-process job exits at once (`end_failed_rank`)."""
     sys.argv[1:] = last_wins(sys.argv[1:])  # what Hydra composes, too
     try:
         _checked_and_run()
@@ -214,6 +215,17 @@ def main() -> None:
         print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130)  # no interpreter teardown: XLA threads cut short by Ctrl-C can crash it
+    except SystemExit as exc:
+        if exc.code not in (0, None) and one_of_several():
+            if not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+            end_failed_rank(exc.code if isinstance(exc.code, int) else 1)
+        raise
+    except Exception:
+        if one_of_several():  # HYDRA_FULL_ERROR=1: the traceback, then exit without waiting on the others
+            traceback.print_exc()
+            end_failed_rank(1)
+        raise
 
 
 def _checked_and_run() -> None:

@@ -6,8 +6,11 @@ each process calls `jax.distributed.initialize` from them (`init_distributed`, s
 before any computation, so the mesh spans every process's devices. Rank 0 writes to this
 console, rank i to `<run_dir>/rank<i>.log`. When a rank fails, the others are stopped
 (SIGTERM, then SIGKILL after `launcher.grace_seconds`); the exit code is the worst rank's.
+A SIGTERM to the launcher goes on to every rank (each saves, as on a preemption), and a rank
+whose launcher dies, even by SIGKILL, gets SIGTERM from the kernel (Linux): no rank outlives it.
 """
 
+import ctypes
 import os
 import signal
 import socket
@@ -43,6 +46,21 @@ def init_distributed() -> None:
                                process_id=int(os.environ["STACK_PROCESS_ID"]))
 
 
+def one_of_several() -> bool:
+    """Whether this process is one rank of a job of several processes (any launcher)."""
+    return os.environ.get("STACK_DISTRIBUTED") == "auto" or int(os.environ.get("STACK_NUM_PROCESSES", "1")) > 1
+
+
+def end_failed_rank(code: int) -> None:
+    """Exit now with `code`, skipping the interpreter's teardown: there, `jax.distributed`'s
+    shutdown waits at a barrier for every rank, and the others may be waiting on this one (a
+    collective, an Orbax save), so a failed rank would never exit and its launcher (launcher=local,
+    srun) never learn that it failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,14 +83,31 @@ def start(launcher: Any, argv: list[str], run_dir: str) -> list[subprocess.Popen
                "STACK_NUM_PROCESSES": str(launcher.num_processes), "STACK_PROCESS_ID": str(rank)}
         out = None if rank == 0 else open(os.path.join(run_dir, f"rank{rank}.log"), "w")
         procs.append(subprocess.Popen(rank_command(argv, run_dir), env=env, stdout=out,
-                                      stderr=subprocess.STDOUT if out else None))
+                                      stderr=subprocess.STDOUT if out else None,
+                                      preexec_fn=partial(die_with, os.getpid())))
     return procs
+
+
+def die_with(launcher_pid: int) -> None:
+    """In a rank, before exec: SIGTERM when the launcher dies (Linux `prctl(PR_SET_PDEATHSIG)`),
+    also when it dies before this call."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != launcher_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def forward(procs: list[subprocess.Popen], signum: int) -> None:
+    """Send `signum` to every live rank."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
 
 
 def wait_all(procs: list[subprocess.Popen], grace: float) -> int:
     """Wait for every rank; once one fails, stop the rest. The worst exit code (0 if all ok)."""
-    while any(p.poll() is None for p in procs):
-        if any(p.returncode not in (None, 0) for p in procs):
+    while None in (codes := [p.poll() for p in procs]):  # poll every rank (`any` would stop at the first)
+        if any(c not in (None, 0) for c in codes):
             stop(procs, grace)
             break
         time.sleep(0.2)
@@ -82,9 +117,7 @@ def wait_all(procs: list[subprocess.Popen], grace: float) -> int:
 
 def stop(procs: list[subprocess.Popen], grace: float) -> None:
     """SIGTERM the live ranks, SIGKILL those still alive after `grace` seconds."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+    forward(procs, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -94,13 +127,17 @@ def stop(procs: list[subprocess.Popen], grace: float) -> None:
 
 
 def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
-    """Run the N ranks to the end; Ctrl-C stops them all. The exit code of the job."""
+    """Run the N ranks to the end; Ctrl-C stops them all, SIGTERM goes on to them. The exit code
+    of the job."""
     procs = start(launcher, argv, run_dir)
+    previous = signal.signal(signal.SIGTERM, lambda signum, _: forward(procs, signum))
     try:
         code = wait_all(procs, launcher.grace_seconds)
     except KeyboardInterrupt:
         stop(procs, launcher.grace_seconds)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"launcher=local: {len(procs)} processes exited with {[p.returncode for p in procs]} ({run_dir})",
           file=sys.stderr)
     return code

@@ -23,11 +23,21 @@ from stack.schema.mesh import MESH_AXES
 def make_mesh(cfg: Any, devices: Sequence[jax.Device]) -> Mesh:
     """A mesh with the config's named axes; one size may be -1 (fill the remaining devices).
 
-    The product of the sizes must equal the number of devices, except for a 1-device mesh.
+    The product of the sizes must equal the number of devices, except for a 1-device mesh,
+    which a run of several processes cannot use (`spanning_sizes`).
     """
+    names = list(MESH_AXES)
+    sizes = mesh_sizes(cfg, len(devices))
+    if math.prod(sizes) != len(devices) and jax.process_count() > 1:
+        sizes = spanning_sizes(cfg, sizes, len(devices))
+    grid = np.array(list(devices)[:math.prod(sizes)]).reshape(sizes)
+    return Mesh(grid, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+
+
+def mesh_sizes(cfg: Any, n: int) -> list[int]:
+    """The config's axis sizes for `n` devices, -1 filled; ConfigError when they do not fit."""
     names, sizes = list(MESH_AXES), [cfg[a] for a in MESH_AXES]
-    axes = dict(zip(names, sizes))
-    n = len(devices)
+    axes = dict(zip(names, sizes, strict=True))
     known = math.prod(s for s in sizes if s != -1)
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ConfigError(f"mesh sizes {axes}: sizes must be positive, with at most one -1 (fill).")
@@ -41,11 +51,23 @@ def make_mesh(cfg: Any, devices: Sequence[jax.Device]) -> Mesh:
     total = math.prod(sizes)
     if total != n and total != 1:
         raise ConfigError(
-            f"mesh sizes {dict(zip(names, sizes))} need {total} devices but {n} exist; "
+            f"mesh sizes {dict(zip(names, sizes, strict=True))} need {total} devices but {n} exist; "
             "the sizes must multiply to the device count (set one of mesh.data/fsdp/tensor to -1 to fill)."
         )
-    grid = np.array(list(devices)[:total]).reshape(sizes)
-    return Mesh(grid, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+    return sizes
+
+
+def spanning_sizes(cfg: Any, sizes: list[int], n: int) -> list[int]:
+    """A run of several processes needs a mesh over every process's devices (each process feeds
+    its own rows): mesh=auto's 1-device default (single) becomes data parallel over all `n`
+    devices; a 1-device mesh asked for by name is a ConfigError."""
+    if cfg.name != "auto":
+        raise ConfigError(
+            f"mesh={cfg.name} (sizes {dict(zip(MESH_AXES, sizes, strict=True))}) uses 1 of the {n} devices, but this run has "
+            f"{jax.process_count()} processes and each must hold part of the mesh; use mesh=auto, mesh=dp or "
+            "mesh=fsdp, or sizes that multiply to the device count."
+        )
+    return [n, 1, 1]
 
 
 def logical_rules(cfg: Any) -> tuple[tuple[str, Any], ...]:

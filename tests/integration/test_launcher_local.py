@@ -4,10 +4,12 @@ run killed with -9 resumes to the uninterrupted losses."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ COMMON = ["mesh=dp", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eva
 RUNS = {"sft": ["+recipe=llama_sft", "checkpoint=none", "trainer.steps=6"],
         "dpo": ["+recipe=llama_dpo", "checkpoint=none", "trainer.steps=6", "data.batch_size=16"]}
 LOCAL = ["launcher=local", "launcher.num_processes=2"]
+ROOT = str(Path(__file__).parents[2])  # the ranks import tests.unit.reward_fns
 
 
 def assert_same_losses(a, b) -> None:
@@ -60,6 +63,64 @@ def test_a_killed_two_process_run_resumes(tmp_path):
     res = run_cli(args + LOCAL + [f"run_dir={run_dir}"], str(tmp_path), env=fake_devices(4))
     assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
     assert_same_losses(losses(run_dir), losses(tmp_path / "ref"))
+
+
+def test_one_device_per_process_with_the_default_mesh(tmp_path):
+    """Plain CPU, one device a process, mesh=auto: its 1-device default (single) becomes data
+    parallel over both processes' devices (before, rank 1 held no part of the mesh and failed)."""
+    args = RUNS["sft"] + [a for a in COMMON if a != "mesh=dp"]
+    one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(1))
+    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two"], str(tmp_path), env=fake_devices(1))
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    assert json.loads((tmp_path / "two" / "status.json").read_text())["devices"] == 2
+    assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
+
+
+def test_a_failing_rank_stops_the_job(tmp_path):
+    """Rank 1 raises at build while rank 0 waits for it in the first collective: rank 1 exits at
+    once instead of at jax.distributed's shutdown barrier, so the launcher learns of it, stops
+    rank 0 and exits non-zero (before, all three waited forever)."""
+    args = [*RUNS["sft"], "trainer.eval_every=1", "allow_targets=[tests.unit.reward_fns]",
+            "optimizer.schedule._target_=tests.unit.reward_fns.schedule_failing_on_process_1",
+            *LOCAL, "launcher.grace_seconds=2", f"run_dir={tmp_path}/run"]
+    res = run_cli(args, str(tmp_path), env={"PYTHONPATH": ROOT}, timeout=150)
+    codes = re.search(r"2 processes exited with \[(-?\d+), (-?\d+)\]", res.stderr)
+    assert res.returncode != 0 and codes, res.stderr[-3000:]
+    assert "the schedule fails on process 1" in (tmp_path / "run" / "rank1.log").read_text()
+    assert int(codes[2]) == 1 and int(codes[1]) != 1, codes[0]  # rank 0 stopped, not failed by gloo's 30 s timeout
+
+
+@pytest.mark.slow  # ~18 s: CI's slow step runs it
+def test_a_killed_launcher_takes_its_ranks_down(tmp_path):
+    """SIGKILL to the launcher alone: the kernel sends its ranks SIGTERM (PR_SET_PDEATHSIG), they
+    save as on a preemption and exit; no rank is left behind."""
+    run_dir = tmp_path / "run"
+    args = [*RUNS["sft"][:1], *COMMON, "trainer.steps=100000", "checkpoint=local", *LOCAL, f"run_dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, "-m", "stack", *args], cwd=tmp_path, env=fake_devices(1),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 3, proc)
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 60
+    while group_alive(proc.pid):
+        assert time.time() < deadline, "a rank outlived its launcher"
+        time.sleep(0.2)
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "preempted"
+
+
+def wait_for(condition, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while not condition():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_a_sweep_with_a_local_launcher_is_refused(tmp_path):

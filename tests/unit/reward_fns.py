@@ -1,5 +1,6 @@
-"""Reward functions for the runner tests (importable by the spawned worker processes)."""
+"""Reward functions (and one schedule) for the runner and launcher tests (importable by spawned processes)."""
 
+import os
 import time
 
 
@@ -22,3 +23,13 @@ def some_none(prompts, completions, answer=None, **record):
 
 def wrong_length(prompts, completions, **record):
     return [1.0]
+
+
+def schedule_failing_on_process_1(peak_value: float, **_):
+    """An lr schedule factory (`optimizer.schedule._target_`) that raises on rank 1 of a
+    multi-process run only, while rank 0 goes on into the first collective."""
+    import optax
+
+    if os.environ.get("STACK_PROCESS_ID") == "1":
+        raise RuntimeError("the schedule fails on process 1")
+    return optax.constant_schedule(peak_value)

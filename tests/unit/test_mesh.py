@@ -1,0 +1,17 @@
+"""A mesh for a run of several processes (`stack.parallel.spanning_sizes`): mesh=auto's 1-device
+default becomes data parallel over every device; a 1-device mesh named by the user is refused."""
+
+import pytest
+
+from stack.errors import ConfigError
+from stack.parallel import spanning_sizes
+from tests.conftest import make_cfg
+
+
+def test_auto_spans_every_process_as_data_parallel():
+    assert spanning_sizes(make_cfg().mesh, [1, 1, 1], 8) == [8, 1, 1]
+
+
+def test_a_named_one_device_mesh_is_refused_with_the_way_out():
+    with pytest.raises(ConfigError, match=r"mesh=single .* uses 1 of the 8 devices.*mesh=auto, mesh=dp"):
+        spanning_sizes(make_cfg(["mesh=single"]).mesh, [1, 1, 1], 8)
