@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stack.errors import ConfigError
@@ -115,6 +116,21 @@ def global_batch(rows: list[dict[str, np.ndarray]], sharding: NamedSharding) -> 
     else:
         device = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in numeric.items()}
     return device, {k: v for k, v in stacked.items() if k not in device}
+
+
+def process_rows(tree: Any, rows: NamedSharding) -> Any:
+    """This process's rows of global arrays [n, rows, ...] laid out by `rows` (the batch
+    sharding), as numpy: the rows it fed (`global_batch`), also after a jitted program that
+    expanded them (e.g. a prompt's completions). One process: the whole arrays."""
+    if jax.process_count() > 1:
+        tree = multihost_utils.global_array_to_host_local_array(tree, rows.mesh, rows.spec)
+    return jax.device_get(tree)
+
+
+def from_process_rows(x: np.ndarray, rows: NamedSharding) -> np.ndarray | jax.Array:
+    """The inverse of `process_rows` for a host result over this process's rows: the global array
+    (one process: `x` itself, which a jitted program takes as it is)."""
+    return jax.make_array_from_process_local_data(rows, x) if jax.process_count() > 1 else x
 
 
 def check_layout(mesh: Mesh, rules: tuple[tuple[str, Any], ...], abstract_model: nnx.Module,

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from stack.algorithms.base import Batch, Context, Metrics, ratio
-from stack.parallel import layout_on, opt_state_shardings
+from stack.parallel import batch_sharding, layout_on, opt_state_shardings
 
 LOSS, COLLECT, EVAL, SHUFFLE = 1, 2, 3, 4  # purposes of the run's key (fold_in), then per step
 SAVED = ("params", "opt_state", "algo", "step", "key")  # what a checkpoint holds (not `rest`)
@@ -84,7 +84,8 @@ class Parts:
 
 def split_models(exp: Any) -> Parts:
     """Run the algorithm's `setup` on the policy and split the modules into states."""
-    setup = exp.algorithm.setup(exp.model, Context(exp.quant, exp.tokenizer, exp.rewards, exp.cfg.seed, exp.cfg.model))
+    ctx = Context(exp.quant, exp.tokenizer, exp.rewards, exp.cfg.seed, exp.cfg.model, batch_sharding(exp.mesh, exp.rules))
+    setup = exp.algorithm.setup(exp.model, ctx)
     graphdef, params, rest = nnx.split(Models(policy=exp.model, **setup.trained),
                                        trained_filter(exp.quant.trainable), ...)
     frozen_graphdef, frozen = nnx.split(Models(**setup.frozen)) if setup.frozen else (None, None)

@@ -70,6 +70,7 @@ class Context:
     rewards: Any = None  # the `reward` group's scorer, for algorithms that score on the host
     seed: int = 0  # the run's seed (e.g. a new head's initial weights)
     model: Any = None  # the `model` group's config (a `hf:DIR` reference is checked against it)
+    rows: Any = None  # the batch sharding [n, rows, ...]: host scoring reads and returns this process's rows
 
 
 @dataclass(frozen=True)

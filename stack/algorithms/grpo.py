@@ -59,11 +59,11 @@ class GRPO:
         self.keep_old = num_iterations * steps_per_generation > 1  # else old = stop_gradient(current)
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
-        self.tokenizer = self.rewards = None
+        self.tokenizer = self.rewards = self.rows = None
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The tokenizer and reward functions for scoring; the reference only when beta > 0."""
-        self.tokenizer, self.rewards = ctx.tokenizer, ctx.rewards
+        self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
         self.sampling = replace(self.sampling, eos_ids=(ctx.tokenizer.eos_id,), pad_id=ctx.tokenizer.pad_id)
         return Setup(frozen=self.reference.setup(policy, ctx) if self.beta else {})
 
@@ -90,7 +90,7 @@ class GRPO:
 
     def score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rewards of the decoded completions (NaN: no reward)."""
-        return score_on_host(self.tokenizer, self.rewards, xp, host)
+        return score_on_host(self.tokenizer, self.rewards, xp, host, self.rows)
 
     def scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
         """The shape of `score`'s result for experience of `xp`'s shapes."""

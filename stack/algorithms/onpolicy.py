@@ -9,6 +9,7 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Metrics
+from stack.parallel import from_process_rows, process_rows
 
 
 def sequences(xp: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -40,20 +41,22 @@ def mismatch(xp: Batch, logps: jax.Array) -> jax.Array:
     return jnp.where(xp["completion_mask"] > 0, jnp.abs(xp["sampler_logps"] - logps), 0).max()
 
 
-def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
+def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.ndarray],
+                  rows: Any) -> np.ndarray | jax.Array:
     """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward); the host
-    columns (e.g. `answer`) are repeated for the completions of each prompt."""
-    ids, prompt_mask, completion, mask = jax.device_get(
-        (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]))
-    n, rows = completion.shape[:2]
-    group = rows // next(iter(host.values())).shape[1]
+    columns (e.g. `answer`) are repeated for the completions of each prompt. Each process scores
+    the completions of its own prompts (`rows`: the batch sharding, stack.parallel.process_rows)."""
+    ids, prompt_mask, completion, mask = process_rows(
+        (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]), rows)
+    n, local = completion.shape[:2]
+    group = local // next(iter(host.values())).shape[1]
     eos = tokenizer.eos_id
-    prompts = [tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * rows, -1),
-                                                                   prompt_mask.reshape(n * rows, -1))]
+    prompts = [tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * local, -1),
+                                                                   prompt_mask.reshape(n * local, -1))]
     completions = [tokenizer.decode(c[(m > 0) & (c != eos)].tolist())
-                   for c, m in zip(completion.reshape(n * rows, -1), mask.reshape(n * rows, -1))]
+                   for c, m in zip(completion.reshape(n * local, -1), mask.reshape(n * local, -1))]
     columns = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
-    return rewards(prompts, completions, columns).reshape(n, rows, -1)
+    return from_process_rows(rewards(prompts, completions, columns).reshape(n, local, -1), rows)
 
 
 def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array, Metrics]:

@@ -89,12 +89,12 @@ class PPO:
         self.sampling = Sampling(max_new_tokens, temperature)
         self.shared_trunk = shared_trunk
         self.reference = Reference((reference or {}).get("init_from"))
-        self.tokenizer = self.rewards = None
+        self.tokenizer = self.rewards = self.rows = None
         self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The value model (trained), the reference and a reward model (frozen), the KL coefficient."""
-        self.tokenizer, self.rewards = ctx.tokenizer, ctx.rewards
+        self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
         self.sampling = replace(self.sampling, eos_ids=(ctx.tokenizer.eos_id,), pad_id=ctx.tokenizer.pad_id)
         shared = ctx.quant.base is not None if self.shared_trunk is None else self.shared_trunk
         if not shared and ctx.quant.base is not None:
@@ -139,7 +139,7 @@ class PPO:
 
     def _score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward)."""
-        return score_on_host(self.tokenizer, self.rewards, xp, host)
+        return score_on_host(self.tokenizer, self.rewards, xp, host, self.rows)
 
     def _scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(self.rewards.names)), jnp.float32)

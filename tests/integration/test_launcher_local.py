@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import fake_devices, read_metrics, run_cli
 from tests.conftest import train_losses as losses
+from tests.integration.test_grpo_run import args as grpo_args
 
 COMMON = ["mesh=dp", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl"]
 RUNS = {"sft": ["+recipe=llama_sft", "checkpoint=none", "trainer.steps=6"],
@@ -63,6 +64,26 @@ def test_a_killed_two_process_run_resumes(tmp_path):
     res = run_cli(args + LOCAL + [f"run_dir={run_dir}"], str(tmp_path), env=fake_devices(4))
     assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
     assert_same_losses(losses(run_dir), losses(tmp_path / "ref"))
+
+
+def test_grpo_on_two_processes_samples_and_scores_like_one(tmp_path):
+    """Each process decodes and scores the completions of its own prompts (host rewards over the
+    process-local rows, stack.parallel.process_rows): the same per-step rewards and losses as
+    1 process x 8 devices (before, scoring fetched the global completions and failed)."""
+    def run(name: str, extra: list[str], devices: int) -> dict:
+        cfg = grpo_args(tmp_path, tmp_path / name) + ["checkpoint=none", "trainer.steps=4", "mesh=dp", *extra,
+                                                      "allow_targets=[tests.unit.reward_fns]",
+                                                      "reward.functions=[tests.unit.reward_fns.fingerprint]"]
+        res = run_cli(cfg, str(tmp_path), env={**fake_devices(devices), "PYTHONPATH": ROOT})
+        assert res.returncode == 0, res.stderr[-3000:]
+        return {r["step"]: [r[f"train/{k}"] for k in ("reward", "reward_std", "loss")]
+                for r in read_metrics(tmp_path / name) if "train/reward" in r}
+
+    one, two = run("one", [], 8), run("two", LOCAL, 4)
+    assert list(one) == list(two) == [1, 2, 3, 4]
+    assert len({r for r, _, _ in one.values()}) > 1 and all(s > 0 for _, s, _ in one.values())
+    for a, b in zip(one.values(), two.values(), strict=True):  # the same completions, scored and grouped alike
+        assert a[:2] == pytest.approx(b[:2], rel=1e-6) and a[2] == pytest.approx(b[2], rel=1e-4, abs=1e-6)
 
 
 def test_one_device_per_process_with_the_default_mesh(tmp_path):

@@ -33,3 +33,9 @@ def schedule_failing_on_process_1(peak_value: float, **_):
     if os.environ.get("STACK_PROCESS_ID") == "1":
         raise RuntimeError("the schedule fails on process 1")
     return optax.constant_schedule(peak_value)
+
+
+def fingerprint(prompts, completions, answer=None, **record):
+    """A reward that differs for nearly every (prompt, completion, answer) triple: any misaligned
+    row changes it."""
+    return [(len(p) * 7 + len(c) * 3 + int(a)) % 11 / 10 for p, c, a in zip(prompts, completions, answer)]
