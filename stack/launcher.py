@@ -6,8 +6,9 @@ each process calls `jax.distributed.initialize` from them (`init_distributed`, s
 before any computation, so the mesh spans every process's devices. Rank 0 writes to this
 console, rank i to `<run_dir>/rank<i>.log`. When a rank fails, the others are stopped
 (SIGTERM, then SIGKILL after `launcher.grace_seconds`); the exit code is the worst rank's.
-A SIGTERM to the launcher goes on to every rank (each saves, as on a preemption), and a rank
-whose launcher dies, even by SIGKILL, gets SIGTERM from the kernel (Linux): no rank outlives it.
+Ctrl-C or SIGTERM to the launcher goes on to every rank (they save, as on a preemption, and the
+launcher waits for them), and a rank whose launcher dies, even by SIGKILL, gets SIGTERM from the
+kernel (Linux): no rank outlives it.
 """
 
 import ctypes
@@ -127,17 +128,16 @@ def stop(procs: list[subprocess.Popen], grace: float) -> None:
 
 
 def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
-    """Run the N ranks to the end; Ctrl-C stops them all, SIGTERM goes on to them. The exit code
-    of the job."""
+    """Run the N ranks to the end; Ctrl-C and SIGTERM go on to them (they stop at the same round,
+    save and exit: stack.trainer.signals). The exit code of the job."""
     procs = start(launcher, argv, run_dir)
-    previous = signal.signal(signal.SIGTERM, lambda signum, _: forward(procs, signum))
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda signum, _: forward(procs, signum)) for sig in signals}
     try:
         code = wait_all(procs, launcher.grace_seconds)
-    except KeyboardInterrupt:
-        stop(procs, launcher.grace_seconds)
-        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(f"launcher=local: {len(procs)} processes exited with {[p.returncode for p in procs]} ({run_dir})",
           file=sys.stderr)
     return code

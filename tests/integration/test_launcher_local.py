@@ -129,6 +129,41 @@ def test_a_killed_launcher_takes_its_ranks_down(tmp_path):
     assert json.loads((run_dir / "status.json").read_text())["status"] == "preempted"
 
 
+@pytest.mark.parametrize("sent", ["sigterm_to_rank_1", pytest.param("ctrl_c", marks=pytest.mark.slow)])
+def test_a_signal_stops_every_rank_at_the_same_step(sent, tmp_path):
+    """SIGTERM to rank 1 alone, or Ctrl-C (SIGINT to the launcher and both ranks): every rank stops
+    after the same step and saves it; the launcher waits for them. Before, a rank stopped alone and
+    waited in the save's barrier while the other waited for it in a step (or the launcher exited
+    at once on Ctrl-C)."""
+    run_dir = tmp_path / "run"
+    args = [*RUNS["sft"][:1], *COMMON, "trainer.steps=100000", "checkpoint=local", *LOCAL, f"run_dir={run_dir}"]
+    with open(tmp_path / "rank0.log", "w") as out:  # the launcher's console: rank 0's output
+        proc = subprocess.Popen([sys.executable, "-m", "stack", *args], cwd=tmp_path, env=fake_devices(1),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 20, proc)
+    if sent == "ctrl_c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(rank_pid(proc.pid, 1), signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=90) == (130 if sent == "ctrl_c" else 0)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if group_alive(proc.pid) else None
+    signum = 2 if sent == "ctrl_c" else 15
+    said = [re.search(rf"preempted by signal {signum} after step (\d+)", log.read_text())
+            for log in (tmp_path / "rank0.log", run_dir / "rank1.log")]
+    assert all(said) and said[0][1] == said[1][1], said
+    assert (run_dir / "checkpoints" / said[0][1]).is_dir()
+
+
+def rank_pid(launcher_pid: int, rank: int) -> int:
+    """The pid of a launcher=local rank (its child with STACK_PROCESS_ID=rank)."""
+    for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():
+        if f"STACK_PROCESS_ID={rank}".encode() in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+            return int(child)
+    raise AssertionError(f"no rank {rank} under {launcher_pid}")
+
+
 def wait_for(condition, proc: subprocess.Popen, seconds: float = 120) -> None:
     deadline = time.time() + seconds
     while not condition():
