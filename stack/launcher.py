@@ -5,7 +5,7 @@ launcher=none` N times with STACK_COORDINATOR / STACK_NUM_PROCESSES / STACK_PROC
 each process calls `jax.distributed.initialize` from them (`init_distributed`, stack.run)
 before any computation, so the mesh spans every process's devices. Rank 0 writes to this
 console, rank i to `<run_dir>/rank<i>.log`. When a rank fails, the others are stopped
-(SIGTERM, then SIGKILL after `launcher.grace_seconds`); the exit code is the worst rank's.
+(SIGTERM, then SIGKILL after `launcher.grace_seconds`); the exit code is the failing rank's.
 Ctrl-C or SIGTERM to the launcher goes on to every rank (they save, as on a preemption, and the
 launcher waits for them), and a rank whose launcher dies, even by SIGKILL, gets SIGTERM from the
 kernel (Linux): no rank outlives it.
@@ -106,14 +106,19 @@ def forward(procs: list[subprocess.Popen], signum: int) -> None:
 
 
 def wait_all(procs: list[subprocess.Popen], grace: float) -> int:
-    """Wait for every rank; once one fails, stop the rest. The worst exit code (0 if all ok)."""
+    """Wait for every rank; once one fails, stop the rest. The job's exit code: the first failing
+    rank's (the others were stopped because of it), else the worst one (0 if all ok)."""
     while None in (codes := [p.poll() for p in procs]):  # poll every rank (`any` would stop at the first)
-        if any(c not in (None, 0) for c in codes):
+        if failed := [c for c in codes if c not in (None, 0)]:
             stop(procs, grace)
-            break
+            return shell_code(failed[0])
         time.sleep(0.2)
-    codes = [p.wait() for p in procs]
-    return max(codes, key=lambda c: (c != 0, abs(c)))
+    return shell_code(max(codes, key=lambda c: (c != 0, abs(c))))
+
+
+def shell_code(code: int) -> int:
+    """A Popen return code as a shell reports it: a rank killed by signal N exits 128 + N."""
+    return 128 - code if code < 0 else code
 
 
 def stop(procs: list[subprocess.Popen], grace: float) -> None:
@@ -125,6 +130,7 @@ def stop(procs: list[subprocess.Popen], grace: float) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()
+        p.wait()
 
 
 def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:

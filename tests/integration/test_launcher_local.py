@@ -109,6 +109,7 @@ def test_a_failing_rank_stops_the_job(tmp_path):
     assert res.returncode != 0 and codes, res.stderr[-3000:]
     assert "the schedule fails on process 1" in (tmp_path / "run" / "rank1.log").read_text()
     assert int(codes[2]) == 1 and int(codes[1]) != 1, codes[0]  # rank 0 stopped, not failed by gloo's 30 s timeout
+    assert res.returncode == 1  # the failing rank's code, not that of the rank the launcher stopped
 
 
 @pytest.mark.slow  # ~18 s: CI's slow step runs it

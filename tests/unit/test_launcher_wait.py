@@ -1,0 +1,28 @@
+"""`launcher=local`'s wait for its ranks (stack.launcher.wait_all), on real child processes: the
+first failing rank stops the others and gives the job its exit code."""
+
+import subprocess
+import sys
+
+from stack.launcher import shell_code, wait_all
+
+
+def child(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_the_first_failing_rank_stops_the_others_and_names_the_exit_code():
+    ranks = [child("import time; time.sleep(60)"), child("import sys; sys.exit(3)")]
+    assert wait_all(ranks, grace=5) == 3
+    assert ranks[0].returncode == -15  # stopped by the launcher's SIGTERM, not left running
+
+
+def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace():
+    ranks = [child("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"),
+             child("import sys, time; time.sleep(0.5); sys.exit(2)")]  # after the other ignores SIGTERM
+    assert wait_all(ranks, grace=0.5) == 2 and ranks[0].returncode == -9
+
+
+def test_all_ranks_ok_is_0_and_a_signal_reads_as_the_shell_says():
+    assert wait_all([child("pass"), child("pass")], grace=1) == 0
+    assert shell_code(-9) == 137 and shell_code(-15) == 143 and shell_code(1) == 1
