@@ -9,10 +9,12 @@ and the frozen modules are dropped: `collect` passes such batches through.
 """
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from stack.data.pipeline import Batches
 from stack.errors import ConfigError
@@ -30,26 +32,48 @@ def _added(programs: Any, state: Any, frozen: Any, batch: dict[str, np.ndarray],
 
 
 def precompute_columns(exp: Any, programs: Any, state: Any, frozen: Any) -> dict[str, dict[str, np.ndarray]]:
-    """{"train": {name: [records, ...]}, "eval": {name: [eval batches, batch, ...]}} from the initial model."""
-    if jax.process_count() > 1:  # each process would need its rows of every global batch
-        raise ConfigError("algorithm.precompute_reference=true runs its first pass in a single process only "
-                          f"(this run has {jax.process_count()}); set it to false for multi-process runs.")
-    start, sharding = time.perf_counter(), batch_sharding(exp.mesh, exp.rules)
+    """{"train": {name: [records, ...]}, "eval": {name: [eval batches, global rows, ...]}} from the
+    initial model, the same tables on every process.
+
+    Several processes: each reads every record in source order and feeds every P-th batch (its
+    turn in each group of P); the added columns of every process's rows are gathered to all.
+    """
+    start, sharding, me = time.perf_counter(), batch_sharding(exp.mesh, exp.rules), jax.process_index()
     pending = []
-    for indices, batch in exp.train_batches.ordered():
-        pending.append((indices, _added(programs, state, frozen, batch, sharding, True)))
+    for group in turns(exp.train_batches.ordered(), jax.process_count()):
+        batch = group[me][1] if me < len(group) else group[0][1]  # past the last batch: rows nobody keeps
+        pending.append(([indices for indices, _ in group], _added(programs, state, frozen, batch, sharding, True)))
         if len(pending) > IN_FLIGHT:  # bounded: XLA:CPU collectives stall with hundreds queued
             jax.block_until_ready(pending[-IN_FLIGHT][1])
     train: dict[str, np.ndarray] = {}
-    for indices, out in jax.device_get(pending):
+    rows = exp.train_batches.batch_size  # one process's rows of each global batch
+    for (group, _), out in zip(pending, everywhere([o for _, o in pending]), strict=True):
         for name, value in out.items():
             if name not in train:  # NaN marks records that were skipped as bad
                 train[name] = np.full((exp.train_batches.records, *value.shape[1:]), np.nan, value.dtype)
-            train[name][indices] = value[:len(indices)]
-    evals = jax.device_get([_added(programs, state, frozen, b, sharding, False) for b in exp.eval_batches])
+            for turn, indices in enumerate(group):
+                train[name][indices] = value[turn * rows:turn * rows + len(indices)]
+    evals = everywhere([_added(programs, state, frozen, b, sharding, False) for b in exp.eval_batches])
     print(f"precomputed {', '.join(train)} for {exp.train_batches.records} records in "
           f"{time.perf_counter() - start:.1f}s", flush=True)
     return {"train": train, "eval": {name: np.stack([e[name] for e in evals]) for name in evals[0]}}
+
+
+def turns(batches: Iterator[Any], n: int) -> Iterator[list[Any]]:
+    """`batches` in groups of `n` (the last may be shorter): one global batch of n processes each."""
+    group = []
+    for item in batches:
+        group.append(item)
+        if len(group) == n:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def everywhere(tree: Any) -> Any:
+    """Global arrays as numpy with every process's rows, on every process."""
+    return jax.device_get(tree) if jax.process_count() == 1 else multihost_utils.process_allgather(tree, tiled=True)
 
 
 def attach_columns(exp: Any, columns: dict[str, dict[str, np.ndarray]]) -> tuple[Batches, list[dict[str, np.ndarray]]]:
@@ -59,6 +83,7 @@ def attach_columns(exp: Any, columns: dict[str, dict[str, np.ndarray]]) -> tuple
         raise ConfigError(
             f"'trainer.eval_batches'={len(exp.eval_batches)} but the checkpoint's precomputed columns cover "
             f"{saved} eval batches (the reference is gone after step 0); set trainer.eval_batches<={saved}.")
-    evals = [{**b, **{name: table[i] for name, table in columns["eval"].items()}}
+    rows, me = exp.train_batches.batch_size, jax.process_index()  # eval tables hold every process's rows
+    evals = [{**b, **{name: table[i][me * rows:(me + 1) * rows] for name, table in columns["eval"].items()}}
              for i, b in enumerate(exp.eval_batches)]
     return exp.train_batches.with_columns(columns["train"]), evals

@@ -86,6 +86,19 @@ def test_grpo_on_two_processes_samples_and_scores_like_one(tmp_path):
         assert a[:2] == pytest.approx(b[:2], rel=1e-6) and a[2] == pytest.approx(b[2], rel=1e-4, abs=1e-6)
 
 
+def test_dpo_with_a_precomputed_reference_on_two_processes_trains_like_one(tmp_path):
+    """The first pass over the records runs on both processes (each feeds every other batch) and
+    gathers the reference log-probs of every record to both: 1 x 8's train and eval losses."""
+    args = RUNS["dpo"] + COMMON + ["algorithm.precompute_reference=true", "trainer.eval_every=3"]
+    one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
+    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two"], str(tmp_path), env=fake_devices(4))
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    assert "precomputed ref_logps for" in two.stdout
+    assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
+    evals = [[r["eval/loss"] for r in read_metrics(tmp_path / run) if "eval/loss" in r] for run in ("one", "two")]
+    assert len(evals[0]) == 3 and evals[0] == pytest.approx(evals[1], rel=1e-5)
+
+
 def test_one_device_per_process_with_the_default_mesh(tmp_path):
     """Plain CPU, one device a process, mesh=auto: its 1-device default (single) becomes data
     parallel over both processes' devices (before, rank 1 held no part of the mesh and failed)."""
