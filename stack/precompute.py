@@ -83,7 +83,8 @@ def attach_columns(exp: Any, columns: dict[str, dict[str, np.ndarray]]) -> tuple
         raise ConfigError(
             f"'trainer.eval_batches'={len(exp.eval_batches)} but the checkpoint's precomputed columns cover "
             f"{saved} eval batches (the reference is gone after step 0); set trainer.eval_batches<={saved}.")
-    rows, me = exp.train_batches.batch_size, jax.process_index()  # eval tables hold every process's rows
-    evals = [{**b, **{name: table[i][me * rows:(me + 1) * rows] for name, table in columns["eval"].items()}}
-             for i, b in enumerate(exp.eval_batches)]
+    me, evals = jax.process_index(), []
+    for i, b in enumerate(exp.eval_batches):
+        n = len(next(iter(b.values())))  # this process's rows; the tables hold every process's, in order
+        evals.append({**b, **{name: table[i][me * n:(me + 1) * n] for name, table in columns["eval"].items()}})
     return exp.train_batches.with_columns(columns["train"]), evals
