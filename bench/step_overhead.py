@@ -58,7 +58,7 @@ class Capture:
 
 class Fixed:
     """One batch forever, as a data iterator (the trainer's protocol: get_state, set_state,
-    close, epoch, and for precomputed columns ordered / with_columns)."""
+    close, epoch, and for precomputed columns records, batch_size, ordered / with_columns)."""
 
     def __init__(self, batch):
         self.batch = batch
@@ -84,6 +84,8 @@ class Fixed:
     @property
     def records(self):
         return len(self.batch["inputs"])
+
+    batch_size = records  # one process's rows of a batch: here every record
 
     def ordered(self):  # the first pass of precomputed columns: the batch's rows are the records
         yield list(range(self.records)), self.batch
