@@ -51,7 +51,7 @@ class Checkpointing(Hook):
             self.thread.start(partial(self.ckpt.save, step, snapshot(state), data, meta, tiers, columns=columns))
 
     def on_end(self, run: Run) -> None:
-        self.thread.join()
+        self.thread.close()
 
     def _overlaps(self, state: Any) -> bool:
         """`checkpoint.overlap`; null is decided at the first save, once the step's peak memory is known."""

@@ -14,8 +14,8 @@ and from a thread those barriers interleave with the steps' collectives in a dif
 each process (a 2-process run hung at its first save).
 """
 
-import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -48,28 +48,31 @@ def copy_fits(tree: Any, stats: dict[str, int] | None = None) -> tuple[bool, str
 
 
 class SaveThread:
-    """At most one save in flight; its exception is raised by the next `join`."""
+    """At most one save in flight, on one worker thread kept until `close` (handing a save to it
+    costs the loop a queue put, not a thread start that then waits for the GIL); its exception
+    is raised by the next `join`."""
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
 
     def start(self, save: Callable[[], None]) -> None:
         self.join()
-        self._thread = threading.Thread(target=self._run, args=(save,), name="stack-checkpoint-save")
-        self._thread.start()
-
-    def _run(self, save: Callable[[], None]) -> None:
-        try:
-            save()
-        except BaseException as exc:  # raised in the loop's thread by join()
-            self._error = exc
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stack-checkpoint-save")
+        self._pending = self._worker.submit(save)
 
     def join(self) -> None:
         """Wait for the save in flight; raise its error, if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising its error), then end the worker thread."""
+        try:
+            self.join()
+        finally:
+            if self._worker is not None:
+                self._worker.shutdown(wait=True)
+                self._worker = None

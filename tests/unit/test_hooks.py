@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 import time
 from types import SimpleNamespace
 
@@ -133,6 +134,17 @@ def test_a_failed_save_thread_raises_at_the_next_join_once():
     with pytest.raises(FileNotFoundError):
         thread.join()
     thread.join()  # reported once
+
+
+def test_saves_run_one_after_another_on_one_worker_thread_that_close_ends():
+    thread, seen = SaveThread(), []
+    for i in range(3):
+        thread.start(lambda i=i: seen.append((i, threading.current_thread())))
+    thread.close()
+    assert [i for i, _ in seen] == [0, 1, 2]
+    workers = {t for _, t in seen}
+    assert len(workers) == 1 and threading.main_thread() not in workers
+    assert not any(t.is_alive() for t in workers)
 
 
 def test_signals_turn_into_a_preemption_at_the_round_end():
