@@ -51,12 +51,14 @@ def unquantized(model: nnx.Module) -> nnx.Module:
 
 def run_once(quantize: Callable[[nnx.Module, jax.Array], nnx.Module], model: nnx.Module,
              abstract: bool) -> nnx.Module:
-    """`quantize(model, example tokens)`; `abstract`: shape-only (no concrete array is created,
-    the mesh may be a compile-only TPU topology)."""
+    """`quantize(model, example tokens)` in one jitted program (eager, Qwix's forward would
+    compile every op on its own: 4.6 s against 1.1 s for llama_qlora_sft on CPU; the same values
+    and shardings); `abstract`: shape-only (no concrete array is created, the mesh may be a
+    compile-only TPU topology)."""
     model = unfuse(model)  # Qwix intercepts each projection's own call
     if abstract:
         return nnx.eval_shape(quantize, model, jax.ShapeDtypeStruct(EXAMPLE, jnp.int32))
-    return quantize(model, jnp.zeros(EXAMPLE, jnp.int32))
+    return nnx.jit(quantize)(model, jnp.zeros(EXAMPLE, jnp.int32))
 
 
 @dataclass(frozen=True)
