@@ -2,7 +2,7 @@
 another), the same command otherwise.
 
     python bench/sweep_parallel.py [--trials 2] [--steps 60]
-    python bench/sweep_parallel.py --quick   # one trial of 10-step jobs
+    python bench/sweep_parallel.py --quick   # one trial of 10-step jobs, 4 seeds of one lr
 
 Each trial runs both sweeps in fresh processes, alternating which goes first, against one
 shared persistent compilation cache warmed before timing (so both pay the same compile cost).
@@ -19,13 +19,14 @@ import time
 
 from rows import emit  # bench/ is on sys.path when run as a script
 
-SWEEP = ["-m", "+recipe=llama_sft", "optimizer.lr=1e-3,3e-3", "seed=0,1", "checkpoint=none", "logger=jsonl",
-         "trainer.eval_every=0", "trainer.eval_batches=1"]
+SWEEP = ["-m", "+recipe=llama_sft", "checkpoint=none", "logger=jsonl", "trainer.eval_every=0", "trainer.eval_batches=1"]
+GRID = ["optimizer.lr=1e-3,3e-3", "seed=0,1"]
+QUICK_GRID = ["optimizer.lr=1e-3", "seed=0,1,2,3"]  # one program: its cache is warmed by one job
 PARALLEL = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 
 
 def sweep(root: str, steps: int, extra: list[str], env: dict[str, str]) -> float:
-    """Wall seconds of one sweep run to completion."""
+    """Wall seconds of one sweep run to completion (`extra` last: it may narrow the grid)."""
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "stack", *SWEEP, f"trainer.steps={steps}", *extra,
                     f"hydra.sweep.dir={tempfile.mkdtemp(dir=root)}"], capture_output=True, env=env, check=True)
@@ -38,17 +39,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--quick", action="store_true", help="one trial of 10-step jobs")
     args = parser.parse_args()
+    grid = QUICK_GRID if args.quick else GRID
     if args.quick:
         args.trials, args.steps = 1, 10
     root = tempfile.mkdtemp()
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": os.path.join(root, "jax"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # every program: jax's default skips those under 1 s
-    sweep(root, 2, ["seed=0"], env)  # warm the compilation cache for both (a seed changes no program)
+    sweep(root, 2, [*grid, "seed=0"], env)  # warm the compilation cache for both (a seed changes no program)
     basic, joblib = [], []
     for trial in range(args.trials):
         order = [(basic, []), (joblib, PARALLEL)][:: 1 if trial % 2 == 0 else -1]
         for times, extra in order:
-            times.append(sweep(root, args.steps, extra, env))
+            times.append(sweep(root, args.steps, [*grid, *extra], env))
     b, j = statistics.median(basic), statistics.median(joblib)
     print(f"4-job sweep on {os.cpu_count()} cores: basic launcher {b:.1f}s, joblib n_jobs=2 {j:.1f}s, "
           f"ratio {j / b:.2f} (goal <= 0.65)")
