@@ -54,7 +54,7 @@ def describe(s: Summary, objective: str) -> str:
     value, start = s.metric(objective), s.eval_at_start.get(objective)
     change = f"{start:.4f} -> " if start is not None else ""
     return (f"done: {s.final_step} steps{resumed} in {perf.get('seconds', 0.0):.1f}s "
-            f"(compile {perf.get('compile_seconds', 0.0):.1f}s) | train/loss {s.train.get('train/loss', math.nan):.4f} | "
+            f"(compile {perf.get('compile_seconds', 0.0):.2f}s) | train/loss {s.train.get('train/loss', math.nan):.4f} | "
             f"{objective} {change}{value if value is None else f'{value:.4f}'} | "
             f"{perf.get('perf/tokens_per_sec', 0.0):,.0f} tok/s, MFU {perf.get('perf/mfu', 0.0):.1%} | {s.run_dir}")
 
