@@ -34,7 +34,7 @@ BENCHES = {
     "quant_step": ([], ["--quick"], None),
     "aot_compile": ([], ["model=llama3_1b"], "libtpu"),
     "tunix_grpo": ([], ["--trials", "1", "--rounds", "4", "--warmup", "1"], "tunix"),
-    "tunix_dpo": ([], ["--trials", "1", "--steps", "32", "--warmup", "2", "--untimed-pass"], "tunix"),
+    "tunix_dpo": ([], ["--trials", "1", "--steps", "32", "--warmup", "2"], "tunix"),
 }
 TIMES_COMPILE = {"aot_compile", "first_step"}  # no shared compilation cache for these
 

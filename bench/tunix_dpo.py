@@ -189,8 +189,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps per trial and side")
     parser.add_argument("--warmup", type=int, default=2, help="first steps dropped (compilation)")
     parser.add_argument("--chunk", type=int, default=10, help="steps between clock reads (1: block every step)")
-    parser.add_argument("--untimed-pass", action="store_true",
-                        help="one short untimed stack run first (one trial would otherwise time the process's first run)")
     args = parser.parse_args()
     if args.warmup < 1 or args.chunk < 1 or args.steps < args.warmup + args.chunk:
         parser.error("need --warmup >= 1, --chunk >= 1 and --steps >= --warmup + --chunk")
@@ -199,8 +197,6 @@ def main() -> None:
           f"{args.warmup} dropped, the median over chunks of {args.chunk} steps")
     for size in args.sizes:
         times = {name: [] for name in (*VARIANTS, "tunix")}
-        if args.untimed_pass:
-            stack_step(size, args.warmup + args.chunk, args.warmup, args.chunk)
         for _ in range(args.trials):
             for name, extra in VARIANTS.items():
                 times[name].append(stack_step(size, args.steps, args.warmup, args.chunk, *extra))
