@@ -40,6 +40,19 @@ def record(steps: int = 10, step: int = 0) -> SimpleNamespace:
     return run
 
 
+def test_a_window_of_one_step_logs_its_values_exactly():
+    """log_every=1: each row is the step's own values (a float32 loss, an int token count), as
+    numpy's mean of one value gives them, and as host numbers."""
+    feed = SimpleNamespace(batches=SimpleNamespace(epoch=lambda state: 0.0))
+    hook, run, loss = MetricsLog(feed), record(), np.float32(1.1)
+    hook.after_step(run, {"loss": jnp.float32(loss), "loss_tokens": jnp.int32(7), "lr": jnp.float32(0.5)}, {})
+    row = {}
+    hook.log(run, row)
+    assert row["train/loss"] == float(np.mean([loss])) == float(loss) != 1.1
+    assert row["train/loss_tokens"] == 7.0 and row["train/lr"] == 0.5 and "train/train/lr" not in row
+    assert all(type(v) is float for v in row.values()) and hook.window == []
+
+
 def test_clock_leaves_paused_spans_out():
     clock = Clock()
     start = clock.now()
