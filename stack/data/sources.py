@@ -1,6 +1,7 @@
 """Record sources (random access, for Grain): the synthetic task and data files (`FILE_SOURCES`)."""
 
 import glob
+import io
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -37,10 +38,15 @@ def expand_paths(spec: str | Sequence[str], key: str = "data.path") -> list[str]
 
 
 class JsonlSource:
-    """Random access to the records of JSON-lines files (a line-offset index)."""
+    """Random access to the records of JSON-lines files (a line-offset index). A record is one
+    positional read (`os.pread`: no shared file position, so safe across Grain's threads) of a file
+    kept open per process (up to about `open_files` of them); opening the file for each record cost a
+    third of the tiny SFT recipe's data-thread time."""
+
+    open_files = 32
 
     def __init__(self, paths: list[str]):
-        self._index: list[tuple[str, int, int]] = []  # (path, line number, byte offset)
+        self._index: list[tuple[str, int, int, int]] = []  # (path, line number, byte offset, bytes)
         for path in paths:
             if os.path.isdir(path):
                 raise DataError(f"{path}: a directory, not a JSON-lines file; point 'data.path' at its files, "
@@ -49,19 +55,29 @@ class JsonlSource:
                 offset = 0
                 for lineno, line in enumerate(f, start=1):
                     if line.strip():
-                        self._index.append((path, lineno, offset))
+                        self._index.append((path, lineno, offset, len(line)))
                     offset += len(line)
         if not self._index:
             raise DataError(f"{', '.join(paths)}: the files hold no records.")
+        self._files: dict[str, io.FileIO] = {}
 
     def __len__(self) -> int:
         return len(self._index)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_files": {}}  # open files stay in their process
+
+    def _read(self, path: str, offset: int, size: int) -> bytes:
+        f = self._files.get(path)
+        if f is None:
+            if len(self._files) >= self.open_files:
+                self._files.clear()  # a reader still holding one keeps it open until it is done
+            f = self._files[path] = open(path, "rb", buffering=0)  # noqa: SIM115 (kept open)
+        return os.pread(f.fileno(), size, offset)
+
     def __getitem__(self, i: int) -> dict[str, Any]:
-        path, lineno, offset = self._index[i]
-        with open(path, "rb") as f:
-            f.seek(offset)
-            line = f.readline()
+        path, lineno, offset, size = self._index[i]
+        line = self._read(path, offset, size)
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:

@@ -143,3 +143,23 @@ def test_jsonl_invalid_utf8_and_a_directory_name_the_file(tmp_path):
         src[1]
     with pytest.raises(DataError, match=re.escape(f"{tmp_path}: a directory, not a JSON-lines file")):
         FILE_SOURCES["jsonl"]([str(tmp_path)])
+
+
+def test_jsonl_reads_are_the_same_from_many_threads_and_over_many_files(tmp_path, monkeypatch):
+    """Records are positional reads of files kept open: 4 threads reading the shuffled records of
+    5 files at once (more files than the source keeps open: 2) read exactly the records, and
+    the last line of a file without a newline reads whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stack.data.sources import JsonlSource
+
+    monkeypatch.setattr(JsonlSource, "open_files", 2)
+    paths = [str(tmp_path / f"part-{k}.jsonl") for k in range(5)]
+    for k, path in enumerate(paths):
+        with open(path, "w") as f:
+            f.write("\n".join(json.dumps(r) for r in RECORDS[4 * k:4 * k + 4]))  # no final newline
+    src = JsonlSource(paths)
+    order = [(7 * i) % len(src) for i in range(len(src))] * 200
+    with ThreadPoolExecutor(4) as pool:
+        read = list(pool.map(lambda i: strip(src[i]), order))
+    assert read == [RECORDS[i] for i in order]
