@@ -11,34 +11,49 @@ import pytest
 from stack.worker_cores import process_workers, share
 
 FAULTS = """
-import ctypes, resource, sys
+import ctypes, resource, sys, threading
 from stack.host_memory import keep_freed_host_memory
 took = keep_freed_host_memory() if sys.argv[1] == "keep" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+
+
+def steps():  # a step's 40 MiB temporary, as XLA:CPU mallocs it: written through, freed
+    for _ in range(20):
+        block = libc.malloc(40 << 20)
+        ctypes.memset(block, 1, 40 << 20)
+        libc.free(block)
+
+
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):  # a step's 40 MiB temporary, as XLA:CPU mallocs it: written through, freed
-    block = libc.malloc(40 << 20)
-    ctypes.memset(block, 1, 40 << 20)
-    libc.free(block)
+threads = [threading.Thread(target=steps) for _ in range(int(sys.argv[2]))]  # XLA's pool: an arena each
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+if not threads:
+    steps()
 print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def faults(mode: str) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True)
+def faults(mode: str, threads: int) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", FAULTS, mode, str(threads)], capture_output=True, text=True,
+                         check=True)
     took, n = out.stdout.split()
     return took, int(n)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt: Linux only")
-def test_kept_host_memory_is_reused_instead_of_faulted_in_again():
-    took, kept = faults("keep")
-    _, default = faults("default")
+@pytest.mark.parametrize("threads", [0, 3])
+def test_kept_host_memory_is_reused_instead_of_faulted_in_again(threads):
+    """In the main thread and in 3 threads at once (their own arenas: no shared lock)."""
+    took, kept = faults("keep", threads)
+    _, default = faults("default", threads)
     assert took == "True"
-    pages = 20 * (40 << 20) // os.sysconf("SC_PAGE_SIZE")
+    pages = max(threads, 1) * 20 * (40 << 20) // os.sysconf("SC_PAGE_SIZE")
     assert default > 0.9 * pages, "glibc's default unmaps each 40 MiB block on free: its pages fault in again"
-    assert kept < 0.2 * pages, f"{kept} page faults for 20 uses of one 40 MiB block"
+    assert kept < 0.2 * pages, f"{kept} page faults for 20 uses of one 40 MiB block per thread"
 
 
 def test_share_gives_each_slot_a_contiguous_part_and_wraps_past_the_cores():
