@@ -13,9 +13,8 @@ threads allocate at once. One arena serialised them on its lock (2 cores, interl
 eight per core left the recipe's data thread faulting its pages in again (0.5-1.3 M page faults
 a run, against ~0.2 M with 4). The cost: a block over 64 MiB that a pool thread allocates comes
 from mmap and faults in each time (a thread arena's heap is 64 MiB at most; one arena kept it).
-Numerics are untouched. Call it before jax starts
-its threads (an arena is bound to a thread at its first malloc). Elsewhere (musl, macOS) it is a
-no-op.
+Numerics are untouched. Call it before jax starts its threads (an arena is bound to a thread at
+its first malloc). Elsewhere (musl, macOS) it is a no-op.
 """
 
 import ctypes

@@ -40,8 +40,8 @@ def expand_paths(spec: str | Sequence[str], key: str = "data.path") -> list[str]
 class JsonlSource:
     """Random access to the records of JSON-lines files (a line-offset index). A record is one
     positional read (`os.pread`: no shared file position, so safe across Grain's threads) of a file
-    kept open per process (up to about `open_files` of them); opening the file for each record cost a
-    third of the tiny SFT recipe's data-thread time."""
+    kept open per process (up to about `open_files` of them); opening the file for each record took
+    a fifth of the tiny SFT recipe's data-thread time (py-spy: 65 of 292 samples)."""
 
     open_files = 32
 
