@@ -1,6 +1,7 @@
 """Does the logging cadence slow the step? Whole-run steady-state tokens/s of the tiny SFT
 recipe (real Grain data) at `trainer.log_every` 1, 10 and 100, interleaved trials in one
-process (odd trials in the reverse order); each cadence's median over the fastest's. Goal: every cadence within 3 % (>= 0.97).
+process (odd trials in the reverse order); each cadence's median over the fastest's. Goal: every
+cadence within 3 % (>= 0.97).
 
     python bench/log_every.py [--trials 4] [--steps 200]
     python bench/log_every.py --quick        # one trial of 60 steps
