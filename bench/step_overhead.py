@@ -14,6 +14,7 @@ the matmul peak (on CPU: stack.hardware's probe, run in this process; else `perf
 """
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -33,6 +34,7 @@ from stack.host_memory import keep_freed_host_memory
 from stack.trainer import Trainer
 
 keep_freed_host_memory()  # as `python -m stack` does on CPU before jax starts its threads (stack.app)
+gc.freeze()  # the imported heap, as `python -m stack` freezes it after its imports (stack.collector)
 
 SIZES = {
     "tiny": ["model=llama_tiny", "trainer.steps=300"],

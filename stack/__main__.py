@@ -16,6 +16,9 @@ def interrupted(signum: int, frame: object) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, interrupted)
-    from stack.app import main
+    from stack.collector import frozen_imports
+
+    with frozen_imports("stack.app"):  # the heap after imports is frozen (stack.collector)
+        from stack.app import main
 
     main()

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
+from stack.collector import frozen_imports
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
 from stack.host_memory import keep_freed_host_memory
 from stack.launcher import end_failed_rank, launcher_for, one_of_several
@@ -163,7 +164,8 @@ def _run(cfg: DictConfig) -> Any:
         os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # their executables cannot be loaded back
     if cfg.hardware.platform == "cpu":
         _tune_host()
-    from stack.run import run  # jax is imported only here, after validation
+    with frozen_imports("stack.run"):  # jax is imported only here, after validation (stack.collector)
+        from stack.run import run
 
     return run(cfg)
 

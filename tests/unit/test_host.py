@@ -1,7 +1,8 @@
-"""Host process tuning on CPU runs: malloc keeps freed pages (stack.host_memory) and parallel
-sweep workers split the cores (stack.worker_cores). Each case runs in its own process: both
-change process-wide state."""
+"""Host process tuning: malloc keeps freed pages on CPU runs (stack.host_memory), parallel sweep
+workers split the cores (stack.worker_cores), imports run without cyclic collections
+(stack.collector). Each case runs in its own process: they change process-wide state."""
 
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,29 @@ def test_workers_claim_distinct_slots_and_a_dead_workers_slot_frees(tmp_path):
     for p in (b, c, d):
         p.stdin.close()
         p.wait()
+
+
+COLLECTOR = """
+import gc, json
+from stack.collector import frozen_imports
+starts = []
+gc.callbacks.append(lambda phase, info: starts.append(info["generation"]) if phase == "start" else None)
+with frozen_imports("wave"):
+    import wave
+    inside = gc.isenabled()
+    kept = [[] for _ in range(100_000)]  # 100,000 container allocations: ~140 collections if on
+first = {"inside": inside, "runs": len(starts), "on": gc.isenabled(), "frozen": gc.get_freeze_count()}
+with frozen_imports("wave"):  # imported already: a later job's import, collection as usual
+    more = [[] for _ in range(100_000)]
+print(json.dumps([first, {"runs": len(starts), "frozen": gc.get_freeze_count()}]))
+"""
+
+
+def test_an_import_runs_without_cyclic_collections_and_leaves_its_heap_frozen():
+    out = subprocess.run([sys.executable, "-c", COLLECTOR], capture_output=True, text=True, check=True)
+    first, second = json.loads(out.stdout)
+    assert first["inside"] is False and first["runs"] == 0, first
+    assert first["on"] is True, "collection is back on after the import"
+    assert first["frozen"] > 100_000, "what is alive after the import is frozen: full collections skip it"
+    assert second["runs"] > 100, "a second import of the same module changes nothing: collections run"
+    assert second["frozen"] == first["frozen"]
