@@ -35,8 +35,9 @@ BENCHES = {
     "aot_compile": ([], ["model=llama3_1b"], "libtpu"),
     "tunix_grpo": ([], ["--trials", "1", "--rounds", "4", "--warmup", "1"], "tunix"),
     "tunix_dpo": ([], ["--trials", "1", "--steps", "32", "--warmup", "2"], "tunix"),
+    "tunix_first_step": ([], ["--quick"], "tunix"),
 }
-TIMES_COMPILE = {"aot_compile", "first_step"}  # no shared compilation cache for these
+TIMES_COMPILE = {"aot_compile", "first_step", "tunix_first_step"}  # no shared compilation cache for these
 
 
 def run(script: str, args: list[str], cache: str) -> tuple[list[dict], str]:

@@ -1,0 +1,153 @@
+"""Time to first step, process start -> first optimizer step done: `python -m stack` / a Tunix
+0.1.7 `DPOTrainer` script, the tiny DPO config of bench/tunix_dpo.py, both cold (no compilation cache).
+
+    ~/venv-tunix/bin/python bench/tunix_first_step.py [--trials 3]     # see bench/tunix_dpo.py for the venv
+    ~/venv-tunix/bin/python bench/tunix_first_step.py --quick          # one trial
+
+- stack: the CLI itself (`python -m stack` with CONFIG, trainer.steps=1, no checkpoints,
+  `trainer.compilation_cache=off`): imports, composition, build, the step-0 eval, reading the
+  shipped preference data with Grain, compiling and running the first step. An import hook
+  wraps the Throughput hook's `after_step`, which blocks on the first step's metrics; the
+  time is read right after it.
+- Tunix: a script doing what a Tunix user writes: import tunix, build its Llama3 policy and a
+  reference copy of the same shapes, an Optax chain like stack's AdamW, a `DPOTrainer` with no
+  eval, and train one step on stack's first batch (saved beforehand as Tunix's TrainingInput
+  arrays: it reads no data files). The time is read in `_post_process_train_step` after
+  blocking on the model's state.
+Both run in fresh processes with `JAX_COMPILATION_CACHE_DIR` empty, alternating which goes
+first; the clock starts when the parent starts the process. Printed: the medians and their
+ratio (goal <= 0.7).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from rows import emit  # bench/ is on sys.path when run as a script
+from step_overhead import experiment
+from tunix_dpo import overrides, tunix_inputs
+from tunix_grpo import SHARD_VARIABLES, flax_flag
+
+CONFIG = ["model=llama_tiny", "data.seq_len=64", "data=jsonl_prefs", "algorithm=dpo", "data.batch_size=16",
+          "trainer.steps=1", "checkpoint=none", "trainer.compilation_cache=off", "logger=jsonl"]
+
+STACK_SIDE = """
+import importlib.abc, importlib.machinery, runpy, sys, time
+
+class AtFirstStep(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "stack.trainer.metrics":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            after = module.Throughput.after_step
+
+            def after_step(self, run, metrics, row):
+                after(self, run, metrics, row)  # blocks on the first step's metrics
+                if run.step == run.first_step:
+                    print(f"FIRST_STEP {time.time():.4f}", file=sys.stderr, flush=True)
+            module.Throughput.after_step = after_step
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, AtFirstStep())
+sys.argv = ["stack", *sys.argv[1:]]
+runpy.run_module("stack", run_name="__main__", alter_sys=True)
+"""
+
+TUNIX_SIDE = """
+import json, sys, time
+import numpy as np
+import jax
+import optax
+from flax import nnx
+from tunix.models.llama3 import model as llama
+from tunix.sft.dpo import dpo_trainer
+
+c = json.load(open(sys.argv[1]))
+batch = dict(np.load(sys.argv[2]))
+mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+config = llama.ModelConfig(num_layers=c["n_layers"], vocab_size=c["vocab_size"], embed_dim=c["d_model"],
+                           hidden_dim=c["d_ff"], num_heads=c["n_heads"], head_dim=c["head_dim"],
+                           num_kv_heads=c["n_kv_heads"], rope_theta=c["rope_theta"], norm_eps=c["norm_eps"],
+                           weight_tying=c["tie"])
+with jax.set_mesh(mesh):
+    policy, reference = llama.Llama3(config, rngs=nnx.Rngs(0)), llama.Llama3(config, rngs=nnx.Rngs(0))
+schedule = optax.warmup_cosine_decay_schedule(0.0, c["lr"], 20, 200, 0.1 * c["lr"])
+tx = optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8),
+                 optax.add_decayed_weights(0.1), optax.scale_by_learning_rate(schedule))
+training = dpo_trainer.DPOTrainingConfig(eval_every_n_steps=2, max_steps=1, beta=c["beta"], label_smoothing=0.0)
+with jax.set_mesh(mesh):
+    trainer = dpo_trainer.DPOTrainer(policy, reference, tx, training)
+post = trainer._post_process_train_step
+
+def timed(aux):
+    post(aux)
+    jax.block_until_ready(nnx.state(trainer.model))
+    print(f"FIRST_STEP {time.time():.4f}", file=sys.stderr, flush=True)
+
+trainer._post_process_train_step = timed
+with jax.set_mesh(mesh):
+    trainer.train(iter(lambda: batch, None))
+"""
+
+
+def tunix_files(workdir: str) -> list[str]:
+    """Tunix's model shapes, beta and lr (cfg.json) and stack's first batch as its TrainingInput (batch.npz)."""
+    with flax_flag(SHARD_VARIABLES):
+        exp = experiment(overrides("tiny", 1))
+    mc, paths = exp.cfg.model, [os.path.join(workdir, "cfg.json"), os.path.join(workdir, "batch.npz")]
+    shapes = dict(n_layers=mc.n_layers, vocab_size=mc.vocab_size, d_model=mc.d_model, d_ff=mc.d_ff,
+                  n_heads=mc.n_heads, head_dim=mc.head_dim or mc.d_model // mc.n_heads, n_kv_heads=mc.n_kv_heads,
+                  rope_theta=int(mc.rope_theta), norm_eps=mc.norm_eps, tie=mc.tie_embeddings,
+                  beta=exp.algorithm.beta, lr=exp.cfg.optimizer.lr)
+    with open(paths[0], "w") as f:
+        json.dump(shapes, f)
+    np.savez(paths[1], **tunix_inputs(exp.eval_batches[0]))
+    return paths
+
+
+def first_step(args: list[str], cwd: str) -> float:
+    """Seconds from starting `python -c ...args` to the FIRST_STEP line it prints."""
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": ""}
+    start = time.time()
+    out = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, env=env, cwd=cwd)
+    lines = [line for line in out.stderr.splitlines() if line.startswith("FIRST_STEP ")]
+    if out.returncode or not lines:
+        raise RuntimeError(f"{args[0][:40]!r}... exited {out.returncode}: {out.stderr[-1500:]}")
+    return float(lines[0].split()[1]) - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one trial")
+    args = parser.parse_args()
+    trials = 1 if args.quick else args.trials
+    work = tempfile.mkdtemp()
+    tunix = [TUNIX_SIDE, *tunix_files(work)]
+    sides = {"stack": lambda: [STACK_SIDE, *CONFIG, f"run_dir={tempfile.mkdtemp(dir=work)}"], "tunix": lambda: tunix}
+    seconds: dict[str, list[float]] = {"stack": [], "tunix": []}
+    for trial in range(trials):
+        for side in ("stack", "tunix") if trial % 2 == 0 else ("tunix", "stack"):
+            seconds[side].append(first_step(sides[side](), work))
+            print(f"  {side}: first step done {seconds[side][-1]:.2f} s after the process started", flush=True)
+    ours, theirs = statistics.median(seconds["stack"]), statistics.median(seconds["tunix"])
+    print(f"tiny DPO, cold: medians stack {ours:.2f} s, tunix {theirs:.2f} s | stack/tunix {ours / theirs:.3f} "
+          f"(goal <= 0.7)")
+    emit("time to first step, cold: stack / Tunix (tiny DPO)", ours / theirs, "<= 0.7")
+
+
+if __name__ == "__main__":
+    main()
