@@ -4,7 +4,7 @@
     ~/venv-tunix/bin/python bench/tunix_first_step.py [--trials 3]     # see bench/tunix_dpo.py for the venv
     ~/venv-tunix/bin/python bench/tunix_first_step.py --quick          # one trial
 
-- stack: the CLI itself (`python -m stack` with CONFIG: trainer.steps=1, no checkpoints):
+- stack: the CLI itself (`python -m stack` with CONFIG: tunix_dpo.py's config, one step, no checkpoints):
   imports, composition, build, the step-0 eval, reading the shipped preference data with Grain,
   compiling and running the first step. Its defaults include the persistent compilation cache
   (`trainer.compilation_cache=auto`, stack.cache). Each trial runs it twice against a new, empty
@@ -37,8 +37,7 @@ from step_overhead import experiment
 from tunix_dpo import overrides, tunix_inputs
 from tunix_grpo import SHARD_VARIABLES, flax_flag
 
-CONFIG = ["model=llama_tiny", "data.seq_len=64", "data=jsonl_prefs", "algorithm=dpo", "data.batch_size=16",
-          "trainer.steps=1", "checkpoint=none", "logger=jsonl"]
+CONFIG = [*overrides("tiny", 1), "checkpoint=none", "logger=jsonl"]  # tunix_dpo.py's config, one step
 
 STACK_SIDE = """
 import importlib.abc, importlib.machinery, runpy, sys, time
@@ -144,18 +143,18 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="one trial")
     args = parser.parse_args()
-    work = tempfile.mkdtemp()
-    tunix = [TUNIX_SIDE, *tunix_files(work)]
     first, rerun, theirs = [], [], []
-    for trial in range(1 if args.quick else args.trials):
-        if trial % 2:
-            theirs.append(first_step(tunix, work))
-        first_run, again = stack_runs(work)
-        first.append(first_run)
-        rerun.append(again)
-        if not trial % 2:
-            theirs.append(first_step(tunix, work))
-        print(f"  stack first run {first_run:.2f} s, rerun {again:.2f} s; tunix {theirs[-1]:.2f} s", flush=True)
+    with tempfile.TemporaryDirectory() as work:
+        tunix = [TUNIX_SIDE, *tunix_files(work)]
+        for trial in range(1 if args.quick else args.trials):
+            if trial % 2:
+                theirs.append(first_step(tunix, work))
+            first_run, again = stack_runs(work)
+            first.append(first_run)
+            rerun.append(again)
+            if not trial % 2:
+                theirs.append(first_step(tunix, work))
+            print(f"  stack first run {first_run:.2f} s, rerun {again:.2f} s; tunix {theirs[-1]:.2f} s", flush=True)
     f, r, t = (statistics.median(x) for x in (first, rerun, theirs))
     print(f"tiny DPO, process start -> first step done: medians stack first run {f:.2f} s, rerun {r:.2f} s, "
           f"tunix {t:.2f} s | first run / tunix {f / t:.3f}, rerun / tunix {r / t:.3f} (goal <= 0.7)")
