@@ -5,11 +5,11 @@
     ~/venv-tunix/bin/python bench/tunix_first_step.py --quick          # one trial
 
 - stack: the CLI itself (`python -m stack` with CONFIG: tunix_dpo.py's config, one step, no checkpoints):
-  imports, composition, build, the step-0 eval, reading the shipped preference data with Grain,
-  compiling and running the first step. Its defaults include the persistent compilation cache
-  (`trainer.compilation_cache=auto`, stack.cache). Each trial runs it twice against a new, empty
-  cache root: the first run (compiles everything, fills the cache), then the same command again
-  (a rerun). An import hook wraps the Throughput hook's `after_step`, which blocks on the first
+  imports, composition, build, reading the shipped preference data with Grain, compiling and
+  running the first step (the step-0 eval runs after it: stack.trainer.evaluation). Its defaults
+  include the persistent compilation cache (`trainer.compilation_cache=auto`, stack.cache). Each
+  trial runs it twice against a new, empty cache root: the first run (compiles everything, fills
+  the cache), then the same command again (a rerun). An import hook wraps the Throughput hook's `after_step`, which blocks on the first
   step's metrics; the time is read right after it.
 - Tunix: a script doing what a Tunix user writes: import tunix, build its Llama3 policy and a
   reference copy of the same shapes, an Optax chain like stack's AdamW, a `DPOTrainer` with no

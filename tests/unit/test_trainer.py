@@ -20,6 +20,7 @@ from stack.parallel import batch_sharding, global_batch
 from stack.step import minibatch
 from stack.trainer import Trainer, train
 from stack.trainer.context import Hook
+from stack.trainer.evaluation import evaluate
 from tests.conftest import QUICK, captured, loss_of, make_cfg, read_metrics
 from tests.unit.toy_reinforce import Reinforce
 
@@ -130,6 +131,36 @@ def test_a_logging_row_is_fetched_once_the_next_step_is_dispatched(tmp_path):
         (0, False, True), (2, True, False), (3, False, True), (4, True, False), (6, True, True)]
 
 
+class CallOrder(Trainer):
+    """A Trainer that records the order in which its run calls `update` and `evaluate`."""
+
+    calls: list[str] = []
+
+    def start(self):
+        run = super().start()
+        self.calls = []
+        rec = lambda name, f: lambda *a: self.calls.append(name) or f(*a)  # noqa: E731
+        run.programs = replace(run.programs, update=rec("update", run.programs.update),
+                               evaluate=rec("evaluate", run.programs.evaluate))
+        return run
+
+
+def test_the_starting_eval_follows_the_first_step_yet_evaluates_the_starting_model(tmp_path):
+    """Not in front of the first step (its compilation would be); its step-0 row equals an eval
+    of an identically built run's initial state taken before any step (the reference: DPO's
+    margins are 0 there, the reference model being the starting policy)."""
+    cfg = make_cfg(DPO + TINY + [f"run_dir={tmp_path}", "trainer.steps=2", "trainer.eval_every=0",
+                                 "optimizer.warmup_steps=0"])  # the first step changes the policy
+    exp, cap = captured(build(cfg, str(tmp_path)))
+    trainer = CallOrder(exp)
+    trainer.run()
+    assert trainer.calls[:2] == ["update", "evaluate"] and trainer.calls.count("evaluate") == 2
+    with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
+        run = Trainer(build(cfg, str(tmp_path))).start()
+        before = evaluate(run, run.state.models_only())
+    assert cap.rows[0] == {"step": 0, **before} and before["eval/rewards/margins"] == 0.0
+
+    
 class FailAt(Hook):
     """Raises at the round end of `step` (after the trainer held that step's row)."""
 
