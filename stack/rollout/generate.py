@@ -17,7 +17,7 @@ from flax import nnx
 from flax.core.spmd import get_logical_axis_rules
 from jax.sharding import PartitionSpec
 
-from stack.models.llama import KVCache, init_cache
+from stack.models.kv_cache import KVCache, init_cache
 from stack.rollout.sampling import Sampling, sample_token
 
 Array = jax.Array

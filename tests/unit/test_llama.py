@@ -148,6 +148,19 @@ def test_init_model():
     assert not nnx.state(model, nnx.RngState)  # no generator state kept in the model
 
 
+
+def test_init_at_llvm_o1_draws_the_same_bits_as_the_default_compile():
+    """XLA:CPU compiles the init at -O1 (faster to compile); the reference: the same build,
+    jitted with XLA's default options."""
+    cfg = tiny_cfg(init_std=0.05)
+    with nnx.use_eager_sharding(False):
+        reference = nnx.jit(lambda: Llama(cfg, rngs=nnx.Rngs(3)))()
+    ours, theirs = (jax.tree.leaves(nnx.state(m)) for m in (init_model(cfg, 3), reference))
+    assert len(ours) == len(theirs) == 21  # 2 layers x 9, embed, norm, lm_head
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # ---------------------------------------------------------------- RoPE
 @pytest.mark.parametrize("factor,theta", [(8.0, 500000.0), (32.0, 500000.0)])
 def test_llama3_scaled_inv_freq(factor, theta):

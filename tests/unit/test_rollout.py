@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stack.models.llama import init_cache, init_model
+from stack.models.kv_cache import init_cache
+from stack.models.llama import init_model
 from stack.rollout import Sampling, filter_logits, generate, sample_keys, sample_token
 from tests.conftest import make_cfg
 
