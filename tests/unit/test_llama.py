@@ -148,7 +148,6 @@ def test_init_model():
     assert not nnx.state(model, nnx.RngState)  # no generator state kept in the model
 
 
-
 def test_init_at_llvm_o1_draws_the_same_bits_as_the_default_compile():
     """XLA:CPU compiles the init at -O1 (faster to compile); the reference: the same build,
     jitted with XLA's default options."""

@@ -132,13 +132,11 @@ def test_a_logging_row_is_fetched_once_the_next_step_is_dispatched(tmp_path):
 
 
 class CallOrder(Trainer):
-    """A Trainer that records the order in which its run calls `update` and `evaluate`."""
-
-    calls: list[str] = []
+    """A Trainer whose run records the order of its `update` and `evaluate` calls in `calls`."""
 
     def start(self):
         run = super().start()
-        self.calls = []
+        self.calls: list[str] = []
         rec = lambda name, f: lambda *a: self.calls.append(name) or f(*a)  # noqa: E731
         run.programs = replace(run.programs, update=rec("update", run.programs.update),
                                evaluate=rec("evaluate", run.programs.evaluate))
