@@ -9,8 +9,8 @@
   running the first step (the step-0 eval runs after it: stack.trainer.evaluation). Its defaults
   include the persistent compilation cache (`trainer.compilation_cache=auto`, stack.cache). Each
   trial runs it twice against a new, empty cache root: the first run (compiles everything, fills
-  the cache), then the same command again (a rerun). An import hook wraps the Throughput hook's `after_step`, which blocks on the first
-  step's metrics; the time is read right after it.
+  the cache), then the same command again (a rerun). An import hook wraps the Throughput hook's
+  `after_step`, which blocks on the first step's metrics; the time is read right after it.
 - Tunix: a script doing what a Tunix user writes: import tunix, build its Llama3 policy and a
   reference copy of the same shapes, an Optax chain like stack's AdamW, a `DPOTrainer` with no
   eval, and train one step on stack's first batch (saved beforehand as Tunix's TrainingInput
