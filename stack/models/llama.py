@@ -243,7 +243,6 @@ class Llama(nnx.Module):
         return self.head(x), KVCache(tuple(keys), tuple(values), valid, cache.index + t)
 
 
-
 def _eager_sharding() -> nnx.use_eager_sharding:
     """Shard parameters at creation only when a mesh is active (flax 0.12 otherwise raises)."""
     return nnx.use_eager_sharding(not jax.sharding.get_abstract_mesh().empty)

@@ -158,7 +158,7 @@ def test_the_starting_eval_follows_the_first_step_yet_evaluates_the_starting_mod
         before = evaluate(run, run.state.models_only())
     assert cap.rows[0] == {"step": 0, **before} and before["eval/rewards/margins"] == 0.0
 
-    
+
 class FailAt(Hook):
     """Raises at the round end of `step` (after the trainer held that step's row)."""
 
