@@ -18,6 +18,8 @@ step held steady; else `perf/mfu`; goal >= 0.60).
 import argparse
 import gc
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -31,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rows import emit  # bench/ is on sys.path when run as a script
 from stack.build import build
+from stack.cpu_dispatch import configure_cpu_dispatch
 from stack.hardware import measure_cpu_peak
 from stack.host_memory import keep_freed_host_memory
 from stack.trainer import Trainer
@@ -104,6 +107,7 @@ def experiment(overrides: list[str]):
         cfg = compose("config", overrides=overrides + ["logger=jsonl", "trainer.eval_every=0",
                                                        "trainer.eval_batches=1"])
     cfg.trainer.log_every = cfg.trainer.steps  # one window: every step after the compiling one
+    configure_cpu_dispatch(cfg)  # as `python -m stack` does; the process's first call decides (stack.cpu_dispatch)
     return build(cfg, tempfile.mkdtemp())
 
 
@@ -165,15 +169,20 @@ def bench_args(doc: str, sizes: dict) -> argparse.Namespace:
         steps = [o for o in sizes[args.sizes[0]] if o.startswith("trainer.steps=")]
         if steps and int(steps[0].split("=")[1]) > 80:
             sizes[args.sizes[0]] = [o for o in sizes[args.sizes[0]] if o not in steps] + ["trainer.steps=80"]
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.trials} alternating trials")
+    print(f"jax {jax.__version__}, {args.trials} alternating trials")  # no device yet: stack.cpu_dispatch first
     return args
 
 
 def main() -> None:
     args = bench_args(__doc__, SIZES)
-    on_cpu = jax.default_backend() == "cpu"
+    if len(args.sizes) > 1:  # one process per size: each runs with its own dispatch mode, as its CLI run would
+        for size in args.sizes:
+            subprocess.run([sys.executable, __file__, "--sizes", size, "--trials", str(args.trials)], check=True)
+        return
     for size in args.sizes:
         exp = experiment(SIZES[size])
+        on_cpu = jax.default_backend() == "cpu"
+        print(f"{size}: {jax.devices()[0].platform}, async dispatch {jax.config.read('jax_cpu_enable_async_dispatch')}")
         fixed = exp.eval_batches[0]
         a, b, c, achieved = [], [], [], []  # achieved: FLOP/s on CPU, else MFU
         if args.quick:  # one untimed pass each: a single trial would otherwise be the process's first run

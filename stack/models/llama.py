@@ -30,6 +30,7 @@ from flax import nnx
 from stack.models.kv_cache import KVCache
 from stack.models.layer_stack import run_layers
 from stack.models.rope import apply_rope, rope_inv_freq
+from stack.models.swiglu import swiglu
 
 Array = jax.Array
 
@@ -96,10 +97,11 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). `fused`: gate and up are one product of the
-    kernels stacked at call time, [D, 2, F] (params keep HF's layout), ~35 ms faster per medium layer
-    on CPU. `unfuse`d for Qwix (it intercepts each projection's call) and off CPU (stack.build: Llama
-    3 8B SFT on a v5e-16 compiled to +0.45 GiB per chip fused)."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). `fused`: stack.models.swiglu, gate and up one
+    product of the kernels stacked at call time, [D, 2, F] (params keep HF's layout), with a hand-written
+    backward: a medium layer's MLP forward + backward in 66.5 ms on 2 CPU cores against 91 ms unfused.
+    `unfuse`d for Qwix (it intercepts each projection's call) and off CPU (stack.build: Llama 3 8B SFT
+    on a v5e-16 compiled to +0.45 GiB per chip fused)."""
 
     def __init__(self, cfg: Any, *, rngs: nnx.Rngs):
         self.gate_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), cfg, rngs)
@@ -110,9 +112,9 @@ class MLP(nnx.Module):
     def __call__(self, x: Array) -> Array:
         if not self.fused:
             return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
-        kernel = jnp.stack([self.gate_proj.kernel[...], self.up_proj.kernel[...]], 1).astype(self.gate_proj.dtype)
-        gate_up = jnp.einsum("...d,dkf->...kf", x.astype(kernel.dtype), kernel)
-        return self.down_proj(jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :])
+        dtype = self.gate_proj.dtype
+        kernels = (p.kernel[...].astype(dtype) for p in (self.gate_proj, self.up_proj, self.down_proj))
+        return swiglu(x.astype(dtype), *kernels)
 
 
 def unfuse(model: nnx.Module) -> nnx.Module:

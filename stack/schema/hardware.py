@@ -16,3 +16,4 @@ class HardwareConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     default_mesh: str = "single"
+    async_dispatch: Optional[bool] = None  # cpu: null = by the step's temporaries (stack.cpu_dispatch)
