@@ -29,7 +29,7 @@ from flax import nnx
 
 from stack.models.kv_cache import KVCache
 from stack.models.layer_stack import run_layers
-from stack.models.rope import apply_rope, rope_inv_freq
+from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
 from stack.models.swiglu import swiglu
 
 Array = jax.Array
@@ -70,17 +70,17 @@ class Attention(nnx.Module):
         self.v_proj = _linear(d, kv * head_dim, ("embed", "kv_heads"), cfg, rngs)
         self.o_proj = _linear(h * head_dim, d, ("heads", "embed"), cfg, rngs)
 
-    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: np.ndarray,
+    def __call__(self, x: Array, rope: tuple[Array, Array], mask: Array,
                  cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
-        """x [B, T, D], positions [B, T], mask bool [B, T, S] (True = may attend).
+        """x [B, T, D], rope: `rope_tables` of the positions [B, T], mask bool [B, T, S] (True = may attend).
 
         With `cache` = (keys [B, S, kv, hd], values, write index): this call's keys and values
         are written at the index and attention runs over all S slots; returns (out, (keys, values)).
         """
         b, t, _ = x.shape
         kv, g, hd = self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim
-        q = apply_rope(self.q_proj(x).reshape(b, t, kv * g, hd), positions, inv_freq)
-        k = apply_rope(self.k_proj(x).reshape(b, t, kv, hd), positions, inv_freq)
+        q = apply_rope(self.q_proj(x).reshape(b, t, kv * g, hd), rope)
+        k = apply_rope(self.k_proj(x).reshape(b, t, kv, hd), rope)
         v = self.v_proj(x).reshape(b, t, kv, hd)
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache[2], 0, 0))
@@ -134,12 +134,12 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: np.ndarray,
+    def __call__(self, x: Array, rope: tuple[Array, Array], mask: Array,
                  cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
         if cache is None:
-            x = x + self.attn(self.attn_norm(x), positions, mask, inv_freq)
+            x = x + self.attn(self.attn_norm(x), rope, mask)
             return x + self.mlp(self.mlp_norm(x))
-        h, kv = self.attn(self.attn_norm(x), positions, mask, inv_freq, cache)
+        h, kv = self.attn(self.attn_norm(x), rope, mask, cache)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -219,7 +219,7 @@ class Llama(nnx.Module):
             if parent_ids is not None:
                 same = same | (parent_ids[:, :, None] == segment_ids[:, None, :])
             mask = mask & same
-        args = (positions, mask, np.asarray(self.inv_freq, np.float32))
+        args = (rope_tables(positions, np.asarray(self.inv_freq, np.float32), rows=t), mask)  # positions < t
         return run_layers(self.layers, self.embed(tokens), args, self.remat, self.scan_layers)
 
     def head(self, x: Array) -> Array:
@@ -236,10 +236,10 @@ class Llama(nnx.Module):
         valid = jax.lax.dynamic_update_slice(cache.valid, real, (0, cache.index))
         slots, queries = jnp.arange(valid.shape[1]), cache.index + jnp.arange(t)
         mask = valid[:, None, :] & (slots[None, None, :] <= queries[None, :, None])
-        inv_freq = np.asarray(self.inv_freq, np.float32)
+        rope = rope_tables(positions, np.asarray(self.inv_freq, np.float32))
         x, keys, values = self.embed(tokens), [], []
         for layer, k, v in zip(self.layers, cache.k, cache.v):
-            x, (k, v) = layer(x, positions, mask, inv_freq, (k, v, cache.index))
+            x, (k, v) = layer(x, rope, mask, (k, v, cache.index))
             keys.append(k)
             values.append(v)
         return self.head(x), KVCache(tuple(keys), tuple(values), valid, cache.index + t)

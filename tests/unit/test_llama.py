@@ -12,7 +12,7 @@ from flax import nnx
 from tests.conftest import make_cfg
 
 from stack.models.llama import Llama, abstract_model, init_model, param_count, unfuse
-from stack.models.rope import apply_rope, rope_inv_freq
+from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
 from stack.schema.model import ModelConfig, RopeScalingConfig
 
 LOGICAL = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm"}
@@ -180,12 +180,26 @@ def test_unscaled_rope_matches_numpy():
     pos = rng.integers(0, 5000, size=(2, 7))
     inv = 1.0 / 10000.0 ** (np.arange(0, 16, 2) / 16)
     np.testing.assert_allclose(rope_inv_freq(16, 10000.0), inv, rtol=1e-6)
-    got = apply_rope(jnp.asarray(x), jnp.asarray(pos, jnp.int32), rope_inv_freq(16, 10000.0))
+    got = apply_rope(jnp.asarray(x), rope_tables(jnp.asarray(pos, jnp.int32), rope_inv_freq(16, 10000.0)))
     np.testing.assert_allclose(np.asarray(got), np_rope(x.astype(np.float64), pos, inv), atol=2e-3)
     small = rng.integers(0, 64, size=(2, 7))  # tight where float32 angles are exact enough
-    got = apply_rope(jnp.asarray(x), jnp.asarray(small, jnp.int32), rope_inv_freq(16, 10000.0))
+    got = apply_rope(jnp.asarray(x), rope_tables(jnp.asarray(small, jnp.int32), rope_inv_freq(16, 10000.0)))
     np.testing.assert_allclose(np.asarray(got), np_rope(x.astype(np.float64), small, inv), atol=1e-5)
 
+
+
+def test_rope_rows_gather_the_same_angles_and_clip_outside():
+    """`rows=N` (the training forward) gathers from a table of positions 0..N-1: bit-equal to
+    computing each position's angles, and a position outside the table takes its nearest end."""
+    inv = rope_inv_freq(16, 10000.0)
+    pos = jnp.asarray(np.random.default_rng(3).integers(0, 40, size=(2, 9)), jnp.int32)
+    for got, want in zip(rope_tables(pos, inv, rows=40), rope_tables(pos, inv), strict=True):
+        assert got.shape == (2, 9, 1, 16)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    outside = jnp.asarray([[-1, 0, 39, 40, 55]], jnp.int32)
+    clipped = jnp.asarray([[0, 0, 39, 39, 39]], jnp.int32)
+    for got, want in zip(rope_tables(outside, inv, rows=40), rope_tables(clipped, inv), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 # ---------------------------------------------------------------- full forward
 @pytest.mark.parametrize("tied,scaled", [(False, False), (True, True)])
