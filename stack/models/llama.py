@@ -209,7 +209,8 @@ class Llama(nnx.Module):
 
     def hidden(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
                parent_ids: Optional[Array] = None) -> Array:
-        """The final hidden states [B, T, d_model] (before the last norm): `head` turns them into logits."""
+        """The final hidden states [B, T, d_model] (before the last norm): `head` turns them into logits.
+        A position is at most its token's index in the row (RoPE reads a table of positions 0..T-1)."""
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
