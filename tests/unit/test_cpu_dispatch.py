@@ -64,3 +64,16 @@ def test_configure_sets_jax_on_cpu_only():
         assert jax.config.read("jax_cpu_enable_async_dispatch") is True
     finally:
         jax.config.update("jax_cpu_enable_async_dispatch", before)
+
+
+def test_a_training_run_sets_it_from_its_config(tmp_path):
+    """stack.run.run applies the run's choice before it builds anything (here forced to false)."""
+    from stack.run import run
+
+    before = jax.config.read("jax_cpu_enable_async_dispatch")
+    try:
+        run(make_cfg(["trainer.steps=2", "trainer.eval_every=0", "hardware.async_dispatch=false",
+                      f"run_dir={tmp_path}"]))
+        assert jax.config.read("jax_cpu_enable_async_dispatch") is False
+    finally:
+        jax.config.update("jax_cpu_enable_async_dispatch", before)
