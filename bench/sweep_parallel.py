@@ -45,12 +45,13 @@ def main() -> None:
     root = tempfile.mkdtemp()
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": os.path.join(root, "jax"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # every program: jax's default skips those under 1 s
-    sweep(root, 2, [*grid, "seed=0"], env)  # warm the compilation cache for both (a seed changes no program)
+    sweep(root, args.steps, [*grid, "seed=0"], env)  # warm the cache for both: a seed changes no program, steps do
     basic, joblib = [], []
     for trial in range(args.trials):
         order = [(basic, []), (joblib, PARALLEL)][:: 1 if trial % 2 == 0 else -1]
         for times, extra in order:
             times.append(sweep(root, args.steps, [*grid, *extra], env))
+        print(f"  trial {trial}: basic {basic[-1]:.1f}s, joblib {joblib[-1]:.1f}s", flush=True)
     b, j = statistics.median(basic), statistics.median(joblib)
     print(f"4-job sweep on {os.cpu_count()} cores: basic launcher {b:.1f}s, joblib n_jobs=2 {j:.1f}s, "
           f"ratio {j / b:.2f} (goal <= 0.65)")

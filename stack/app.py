@@ -24,14 +24,13 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.collector import frozen_imports
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
-from stack.host_memory import keep_freed_host_memory
 from stack.launcher import end_failed_rank, launcher_for, one_of_several
 from stack.jobstatus import write_status
 from stack.report import FAILED_JOBS
 from stack.models.hf_config import take_architecture
 from stack.rundir import creatable
 from stack.validate import validate
-from stack.worker_cores import pin_worker, process_workers
+from stack.worker_cores import process_workers, tune_host
 
 CONFIG_MODULE = "stack.conf"
 
@@ -86,7 +85,7 @@ def last_wins(argv: list[str]) -> list[str]:
     """`argv` without the earlier overrides of a key set again later (Hydra's last-wins rule,
     applied before composing, so an earlier bad value is not what fails)."""
     keys = [a.split("=", 1)[0].lstrip("+") if "=" in a and not a.startswith("-") else None for a in argv]
-    return [a for i, (a, k) in enumerate(zip(argv, keys)) if k is None or k not in keys[i + 1:]]
+    return [a for i, (a, k) in enumerate(zip(argv, keys, strict=True)) if k is None or k not in keys[i + 1:]]
 
 
 def _parsed(overrides: list[str]) -> list[Override]:
@@ -171,13 +170,11 @@ def _run(cfg: DictConfig) -> Any:
 
 
 def _tune_host() -> None:
-    """Before jax starts its threads on a CPU run: malloc keeps freed pages (stack.host_memory), and
-    a parallel sweep's worker takes its share of the cores (stack.worker_cores)."""
-    keep_freed_host_memory()
+    """Before jax starts its threads on a CPU run: a parallel sweep's worker takes its share of the
+    cores and malloc keeps freed pages (stack.worker_cores.tune_host)."""
     hc = HydraConfig.get()
     n_jobs = process_workers(hc.launcher) if hc.mode == RunMode.MULTIRUN else None
-    if n_jobs:
-        pin_worker(hc.sweep.dir, n_jobs)
+    tune_host(hc.sweep.dir if n_jobs else "", n_jobs)
 
 
 @hydra.main(version_base=None, config_path="pkg://stack.conf", config_name="config")

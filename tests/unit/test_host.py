@@ -11,6 +11,9 @@ import pytest
 
 from stack.worker_cores import process_workers, share
 
+TWO_CORES = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                               reason="needs 2 cores and sched_setaffinity")
+
 FAULTS = """
 import ctypes, resource, sys, threading
 from stack.host_memory import keep_freed_host_memory
@@ -81,8 +84,7 @@ sys.stdin.read()  # hold the slot until the test closes stdin
 """
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs 2 cores and sched_setaffinity")
+@TWO_CORES
 def test_workers_claim_distinct_slots_and_a_dead_workers_slot_frees(tmp_path):
     cores = sorted(os.sched_getaffinity(0))
 
@@ -128,3 +130,36 @@ def test_an_import_runs_without_cyclic_collections_and_leaves_its_heap_frozen():
     assert first["frozen"] > 100_000, "what is alive after the import is frozen: full collections skip it"
     assert second["runs"] > 100, "a second import of the same module changes nothing: collections run"
     assert second["frozen"] == first["frozen"]
+
+
+ARENAS = """
+import ctypes, json, os, sys, threading
+from stack.worker_cores import tune_host
+print(json.dumps([tune_host(sys.argv[1], 2), len(os.sched_getaffinity(0))]), flush=True)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+held, ready = [], threading.Barrier(8)
+
+
+def first_malloc():  # a new thread takes a new arena on its first malloc while the cap allows
+    held.append(libc.malloc(1 << 20))
+    ready.wait()
+
+
+threads = [threading.Thread(target=first_malloc) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc.malloc_stats()  # one "Arena N:" block per arena, on stderr
+"""
+
+
+@TWO_CORES
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt and malloc_stats: Linux only")
+def test_a_pinned_worker_has_two_malloc_arenas_per_core_it_is_pinned_to(tmp_path):
+    out = subprocess.run([sys.executable, "-c", ARENAS, str(tmp_path)], capture_output=True, text=True, check=True)
+    pinned, cores = json.loads(out.stdout)
+    assert pinned == share(sorted(os.sched_getaffinity(0)), 0, 2) and cores == len(pinned)
+    arenas = out.stderr.count("Arena ")
+    assert arenas == 2 * cores, f"{arenas} arenas for 8 threads on {cores} core(s): the cap counts the pinned cores"
