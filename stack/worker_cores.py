@@ -69,10 +69,9 @@ def pin_worker(sweep_dir: str, n_jobs: int) -> list[int] | None:
 def tune_host(sweep_dir: str, n_jobs: int | None) -> list[int] | None:
     """Before jax starts its threads on a CPU run: a worker of a parallel sweep (n_jobs > 1) takes its
     share of the cores, then malloc keeps freed pages with two arenas per core it has (in this
-    order: arenas sized before pinning gave a 1-core worker of a 2-core machine four; XLA's
-    dispatch thread shared one whose first 64 MiB heap was full, so each step's buffers went to a
-    fresh heap that glibc deletes once empty: ~240k page faults/s, 52k vs 92k tokens/s a job on the
-    tiny recipe). The worker's cores, or None when unpinned."""
+    order: counted before pinning, a 1-core worker of a 2-core machine had four arenas, and its XLA
+    dispatch thread shared one holding 70 MB of long-lived data; see stack.host_memory for what
+    that cost). The worker's cores, or None when unpinned."""
     cores = pin_worker(sweep_dir, n_jobs) if n_jobs else None
     keep_freed_host_memory()
     return cores

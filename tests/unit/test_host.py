@@ -17,16 +17,21 @@ TWO_CORES = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sc
 FAULTS = """
 import ctypes, resource, sys, threading
 from stack.host_memory import keep_freed_host_memory
-took = keep_freed_host_memory() if sys.argv[1] == "keep" else None
+took = keep_freed_host_memory() if sys.argv[1] != "default" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+if sys.argv[1] == "no-top-pad":
+    libc.mallopt(-2, 0)  # M_TOP_PAD back to glibc's default
+held, size = int(sys.argv[3]), (40 if sys.argv[3] == "0" else 16) << 20
 
 
-def steps():  # a step's 40 MiB temporary, as XLA:CPU mallocs it: written through, freed
+def steps():  # a step's temporary, as XLA:CPU mallocs it: written through, freed
+    kept = [libc.malloc(1 << 20) for _ in range(held)]  # long-lived data in the thread's arena
     for _ in range(20):
-        block = libc.malloc(40 << 20)
-        ctypes.memset(block, 1, 40 << 20)
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
         libc.free(block)
+    return kept
 
 
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -41,9 +46,9 @@ print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def faults(mode: str, threads: int) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", FAULTS, mode, str(threads)], capture_output=True, text=True,
-                         check=True)
+def faults(mode: str, threads: int, held_mib: int = 0) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", FAULTS, mode, str(threads), str(held_mib)], capture_output=True,
+                         text=True, check=True)
     took, n = out.stdout.split()
     return took, int(n)
 
@@ -58,6 +63,18 @@ def test_kept_host_memory_is_reused_instead_of_faulted_in_again(threads):
     pages = max(threads, 1) * 20 * (40 << 20) // os.sysconf("SC_PAGE_SIZE")
     assert default > 0.9 * pages, "glibc's default unmaps each 40 MiB block on free: its pages fault in again"
     assert kept < 0.2 * pages, f"{kept} page faults for 20 uses of one 40 MiB block per thread"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt: Linux only")
+def test_a_thread_whose_first_heap_is_full_keeps_its_second_heap():
+    """56 MiB of long-lived blocks fill most of a thread arena's first 64 MiB heap; each 16 MiB step
+    block then lives in a second heap, which glibc deletes when it empties unless the top pad is kept."""
+    took, kept = faults("keep", 1, held_mib=56)
+    _, unpadded = faults("no-top-pad", 1, held_mib=56)
+    pages = 20 * (16 << 20) // os.sysconf("SC_PAGE_SIZE")
+    assert took == "True"
+    assert unpadded > 0.9 * pages, "without the top pad the emptied second heap goes and faults in again"
+    assert kept < 0.2 * pages, f"{kept} page faults for 20 uses of one 16 MiB block"
 
 
 def test_share_gives_each_slot_a_contiguous_part_and_wraps_past_the_cores():
