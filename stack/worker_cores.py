@@ -2,7 +2,8 @@
 this machine's cores, on CPU runs.
 
 Unpinned, every worker's XLA thread pool spans all cores and they fight over them: on 2 cores two
-tiny-recipe jobs at once ran at 27-30k tokens/s each, pinned to a core each at 41-47k. A worker claims the
+tiny-recipe jobs at once ran at 80-89k tokens/s each, pinned to a core each at 88-96k (2026-11-27;
+27-30k vs 41-47k before stack.host_memory kept the workers' heaps). A worker claims the
 first free slot of n_jobs (an flock'd file under `<sweep dir>/.cores/`, held while the worker
 process lives, so a slot frees itself when its worker exits or dies) and pins itself to that
 slot's contiguous share of the cores before jax starts: XLA sizes its thread pool from the
