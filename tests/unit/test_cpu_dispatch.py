@@ -7,7 +7,7 @@ import optax
 import pytest
 from flax import nnx
 
-from stack.cpu_dispatch import ARENA_HEAP_BYTES, async_dispatch, configure_cpu_dispatch, step_temp_bytes
+from stack.cpu_dispatch import ARENA_HEAP_BYTES, async_dispatch, configure_cpu_dispatch, step_rows, step_temp_bytes
 from stack.models.llama import init_model
 from tests.conftest import make_cfg
 
@@ -42,6 +42,21 @@ def test_the_estimate_is_within_a_fifth_of_xla(overrides):
     want = xla_temp_bytes(cfg)
     got = step_temp_bytes(cfg.model, cfg.data.batch_size, cfg.data.seq_len)
     assert abs(got - want) <= 0.2 * want, (got, want)
+
+
+def test_a_grpo_step_counts_each_prompts_completions_within_a_fifth_of_xla():
+    """The update of GRPO runs on prompts x num_generations rows of prompt + max_new_tokens tokens."""
+    from stack.build import build
+    from stack.compile import abstract_run, lower_update, program_report
+
+    cfg = make_cfg(["+recipe=llama_grpo", "algorithm.num_generations=2", "data.batch_size=4"])
+    exp = build(cfg, run_dir="", abstract=True)
+    want = program_report(lower_update(exp, abstract_run(exp))).temp_bytes
+    assert step_rows(cfg) == (8, cfg.data.seq_len + cfg.algorithm.max_new_tokens)
+    got = step_temp_bytes(cfg.model, *step_rows(cfg))
+    assert abs(got - want) <= 0.2 * want, (got, want)
+    recipe = make_cfg(["+recipe=llama_grpo"])  # 16 prompts x 8: 369 MiB per XLA
+    assert async_dispatch(recipe) is False
 
 
 def test_small_steps_dispatch_async_and_large_ones_in_the_caller():
