@@ -11,7 +11,8 @@ A thread arena whose first heap is full grows a second one, and glibc deletes a 
 soon as it empties, whatever the trim threshold, unless the heap before it has room for the top
 pad: a 64 MiB top pad (M_TOP_PAD, MALLOC_TOP_PAD_) keeps it. Without it, a sweep worker's XLA
 dispatch thread, sharing an arena with 70 MB of long-lived data, mapped and unmapped a heap every
-step (~240k page faults/s, 52k vs 90-94k tokens/s a job on the tiny recipe).
+step (~240k page faults/s, 52k vs 90-94k tokens/s a job on the tiny recipe); the DPO recipe alone
+ran 100-104k vs 124-126k tokens/s.
 Arenas are capped at two per core (MALLOC_ARENA_MAX): XLA's pool threads, the loop and the data
 threads allocate at once. One arena serialised them on its lock (2 cores, interleaved runs, tok/s:
 `python -m stack` 72k vs 90k with 4 arenas, the tiny SFT recipe 98k vs 130k); glibc's default of
