@@ -41,5 +41,6 @@ def keep_freed_host_memory() -> bool:
     if mallopt is None:
         return False
     arenas = 2 * len(os.sched_getaffinity(0))
-    return all([mallopt(M_ARENA_MAX, arenas), mallopt(M_MMAP_THRESHOLD, KEEP_BYTES), mallopt(M_TRIM_THRESHOLD, KEEP_BYTES),
-                mallopt(M_TOP_PAD, TOP_PAD_BYTES)])
+    settings = ((M_ARENA_MAX, arenas), (M_MMAP_THRESHOLD, KEEP_BYTES), (M_TRIM_THRESHOLD, KEEP_BYTES),
+                (M_TOP_PAD, TOP_PAD_BYTES))
+    return all([mallopt(option, value) for option, value in settings])

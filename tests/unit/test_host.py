@@ -22,7 +22,7 @@ libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
 if sys.argv[1] == "no-top-pad":
     libc.mallopt(-2, 0)  # M_TOP_PAD back to glibc's default
-held, size = int(sys.argv[3]), (40 if sys.argv[3] == "0" else 16) << 20
+held, size = int(sys.argv[3]), int(sys.argv[4]) << 20  # MiB of long-lived blocks, MiB a step
 
 
 def steps():  # a step's temporary, as XLA:CPU mallocs it: written through, freed
@@ -46,9 +46,9 @@ print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def faults(mode: str, threads: int, held_mib: int = 0) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", FAULTS, mode, str(threads), str(held_mib)], capture_output=True,
-                         text=True, check=True)
+def faults(mode: str, threads: int, held_mib: int = 0, block_mib: int = 40) -> tuple[str, int]:
+    args = [mode, str(threads), str(held_mib), str(block_mib)]
+    out = subprocess.run([sys.executable, "-c", FAULTS, *args], capture_output=True, text=True, check=True)
     took, n = out.stdout.split()
     return took, int(n)
 
@@ -69,8 +69,8 @@ def test_kept_host_memory_is_reused_instead_of_faulted_in_again(threads):
 def test_a_thread_whose_first_heap_is_full_keeps_its_second_heap():
     """56 MiB of long-lived blocks fill most of a thread arena's first 64 MiB heap; each 16 MiB step
     block then lives in a second heap, which glibc deletes when it empties unless the top pad is kept."""
-    took, kept = faults("keep", 1, held_mib=56)
-    _, unpadded = faults("no-top-pad", 1, held_mib=56)
+    took, kept = faults("keep", 1, held_mib=56, block_mib=16)
+    _, unpadded = faults("no-top-pad", 1, held_mib=56, block_mib=16)
     pages = 20 * (16 << 20) // os.sysconf("SC_PAGE_SIZE")
     assert took == "True"
     assert unpadded > 0.9 * pages, "without the top pad the emptied second heap goes and faults in again"
