@@ -56,6 +56,7 @@ class Run:
     episodes_per_step: float = 0.0  # sampled completions per optimizer step (on-policy rounds; eps)
     train: dict[str, float] = field(default_factory=dict)  # the last logged train metrics
     evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (step, eval metrics)
+    synced: int = 0  # the newest step the device is known to have finished (the loop's last wait)
     checkpoint: str | None = None  # the newest step this run saved
     perf: dict[str, float] = field(default_factory=dict)  # whole-run throughput (Throughput hook)
 
@@ -81,10 +82,14 @@ class Hook:
         """After each optimizer step, without waiting for it: `metrics` on device; add what to log
         at this step to `row` (eval does, and waits)."""
 
-    def log(self, run: Run, row: dict[str, float]) -> None:
-        """At a logging step, once the next step is dispatched (so the device stays busy) or the run
-        ends: fetch the step's values and add them to `row` (`run.step` is still the logged step;
-        `run.state` may already be the next step's)."""
+    def take(self, run: Run) -> Any:
+        """At a logging step, without waiting: what `log` will need for this step's row (e.g. the
+        window of device metrics since the last logging step)."""
+
+    def log(self, run: Run, rows: list[tuple[dict[str, float], Any]]) -> None:
+        """At the loop's next wait for the device (stack.trainer.sync), every held logging step's
+        (row, what `take` returned), oldest first: fetch the values and add them to each row.
+        `run.synced` is the newest step the device has finished; later ones may be queued."""
 
     def after_round(self, run: Run) -> None:
         """After the round's last step (rounds are where checkpoints and stops fall)."""

@@ -42,8 +42,9 @@ def window_mean(window: list[dict[str, Any]], prefix: str) -> dict[str, float]:
 
 
 class MetricsLog(Hook):
-    """Keeps each step's metrics on device; at logging steps adds their means as `train/*`, the
-    step's learning rate (the update's own, not a mean) and the data epoch to the row."""
+    """Keeps each step's metrics on device; a logging step takes the window since the last one,
+    and its row gets the window's means as `train/*`, the step's learning rate (the update's own,
+    not a mean) and the data epoch."""
 
     def __init__(self, feed: Any):
         self.feed = feed
@@ -54,48 +55,57 @@ class MetricsLog(Hook):
         self.window.append(metrics)
         self.data_state = run.data_state
 
-    def log(self, run: Run, row: dict[str, float]) -> None:
-        host, self.window = to_host(self.window), []
-        row.update(means(host, "train/", skip=("lr",)))
-        if "lr" in host[-1]:
-            row["train/lr"] = float(host[-1]["lr"])
-        row["data/epoch"] = self.feed.batches.epoch(self.data_state)
-        run.train = {k: v for k, v in row.items() if k.startswith(("train/", "data/"))}
+    def take(self, run: Run) -> tuple[list[dict[str, jax.Array]], Any]:
+        window, self.window = self.window, []
+        return window, self.data_state
+
+    def log(self, run: Run, rows: list[tuple[dict[str, float], Any]]) -> None:
+        windows = to_host([window for _, (window, _) in rows])  # one fetch for every held row
+        for (row, (_, data_state)), host in zip(rows, windows, strict=True):
+            row.update(means(host, "train/", skip=("lr",)))
+            if "lr" in host[-1]:
+                row["train/lr"] = float(host[-1]["lr"])
+            row["data/epoch"] = self.feed.batches.epoch(data_state)
+        run.train = {k: v for k, v in rows[-1][0].items() if k.startswith(("train/", "data/"))}
 
 
 class Throughput(Hook):
     """perf/* at logging steps (tokens/s, step seconds, data wait, TFLOP/s, MFU; on-policy: `eps`) and for the
-    whole run; the first step (compilation) is timed apart and left out."""
+    whole run; the first step (compilation) is timed apart and left out. A row's rates are those of
+    the steps the device finished between the loop's last two waits that completed rows (the
+    rows held between two waits share them)."""
 
     def __init__(self, feed: Any):
         self.feed = feed
         self.wall_start = self.start = self.window_start = self.steady_start = 0.0
-        self.window_steps = self.steady_steps = 0
+        self.window_first = self.steady_steps = 0  # the step the window starts after
 
     def on_start(self, run: Run) -> None:
         self.wall_start, self.start = time.perf_counter(), run.clock.now()
 
     def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
-        self.window_steps += 1
         if run.step == run.first_step:  # compiled and ran once: the steady state starts here
             jax.block_until_ready(metrics)
             run.perf["compile_seconds"] = run.clock.now() - self.start
-            self._reset(run)
+            self._reset(run, run.step)
             self.steady_start = self.window_start
             return
         self.steady_steps += 1
 
-    def log(self, run: Run, row: dict[str, float]) -> None:
-        """The window's rates; MetricsLog's fetch before it waited for the window's last step."""
-        if self.window_steps:
-            seconds = run.clock.now() - self.window_start
-            row.update(self._rates(run, self.window_steps, seconds))
-            row["perf/data_wait_fraction"] = self.feed.stalled / seconds  # the device waited for data
-            row["perf/data_read_fraction"] = self.feed.read_seconds / seconds  # the host read (overlapped)
-            self._reset(run)
+    def log(self, run: Run, rows: list[tuple[dict[str, float], Any]]) -> None:
+        """The rates of the steps finished since the window started (the device ran them all)."""
+        steps, seconds = run.synced - self.window_first, run.clock.now() - self.window_start
+        if steps > 0 and seconds > 0:
+            rates = {**self._rates(run, steps, seconds),
+                     "perf/data_wait_fraction": self.feed.stalled / seconds,  # the device waited for data
+                     "perf/data_read_fraction": self.feed.read_seconds / seconds}  # the host read (overlapped)
+            for row, _ in rows:
+                row.update(rates)
+            self._reset(run, run.synced)
 
-    def _reset(self, run: Run) -> None:
-        self.window_start, self.window_steps = run.clock.now(), 0
+    def _reset(self, run: Run, finished: int) -> None:
+        """A new window from now, after step `finished` (the device has finished it)."""
+        self.window_start, self.window_first = run.clock.now(), finished
         self.feed.read_seconds = self.feed.stalled = 0.0
 
     def _rates(self, run: Run, steps: int, seconds: float) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """NaN policy (`trainer.nan_policy`): `stop` ends the run at the first non-finite train loss
-seen at a logging step or before a checkpoint save, so no bad state is ever written. A logging
-step's row is fetched once the next step is dispatched, so the run stops at the end of the round
-running then (SFT, log_every=1: one step after the bad one)."""
+seen when logged rows are completed or before a checkpoint save, so no bad state is ever written.
+Rows are completed at the loop's waits for the device (stack.trainer.sync: ~0.2 s of steps apart),
+so the run stops at the end of the round running then, a few steps after the bad one."""
 
 import math
 from typing import Any
@@ -22,8 +22,8 @@ class NonFinite(Hook):
             return
         self.unchecked.append((run.step, metrics["loss"]))
 
-    def log(self, run: Run, row: dict[str, Any]) -> None:
-        self.check(run)  # a logging step: the window's losses are on the host now
+    def log(self, run: Run, rows: list[tuple[dict[str, Any], Any]]) -> None:
+        self.check(run)  # every loss up to the rows' steps is on the host now
 
     def check(self, run: Run) -> bool:
         """True when every loss since the last check is finite; else stop the run (policy stop)."""

@@ -7,9 +7,9 @@ the algorithm's jitted `collect`, its host `score` (if any) and jitted `finalize
 `epochs × minibatches` optimizer steps (stack.step). The loop body knows nothing about the
 objective; everything else (logging window, throughput, NaN policy, eval, signals,
 checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds to the
-logged row. Host syncs happen only in hooks at logging, eval and checkpoint steps; a logging
-step's row is completed (`Hook.log`) once the next step is dispatched, so the fetch never
-leaves the device idle while the host prepares the next step.
+logged row. The loop waits for the device on a rhythm set by the step time (stack.trainer.sync),
+for the step before the newest, so the device never idles for it; a logging step's row is held
+until then and completed by the hooks (`Hook.log`). Eval and checkpoint steps wait in their hooks.
 """
 
 import math
@@ -33,6 +33,7 @@ from stack.trainer.metrics import MetricsLog, Throughput
 from stack.trainer.nonfinite import NonFinite
 from stack.trainer.profiler import Profiler
 from stack.trainer.signals import Signals
+from stack.trainer.sync import Sync
 
 
 def default_hooks(exp, feed: Feed) -> list[Hook]:
@@ -67,7 +68,9 @@ class Trainer:
         self.feed = Feed(exp.train_batches, self.sharding, exp.cfg.trainer.grad_accum * schedule.minibatches)
         self.hooks = default_hooks(exp, self.feed) if hooks is None else hooks
         self.every = exp.cfg.trainer.log_every
-        self.held: tuple[int, dict[str, float]] | None = None  # a logging step's row, until the next dispatch
+        self.sync = Sync()
+        self.held: list[tuple[int, dict[str, float], list]] = []  # logging steps' (step, row, takes) until a wait
+        self.last: dict[str, jax.Array] | None = None  # the newest but one dispatched step's metrics
         self.parts: Parts | None = None
         self.state: TrainState | None = None  # the final state once `run` returns
 
@@ -80,12 +83,12 @@ class Trainer:
                 pending = self.feed.read()
                 while run.status == RUNNING and not run.done:
                     pending = self._round(run, pending)
-                self._log_held(run)
+                self._wait(run)
                 if run.status == RUNNING:
                     run.status = COMPLETED
             except BaseException:
-                with suppress(Exception):  # the last logging step's row, if it can still be fetched
-                    self._log_held(run)
+                with suppress(Exception):  # the held rows, if they can still be fetched
+                    self._wait(run)
                 raise
             finally:
                 self.feed.close()
@@ -111,28 +114,37 @@ class Trainer:
             run.state, metrics = run.programs.update(run.state, run.frozen, xp, j)
             if j == len(self.plan) - 1:
                 pending = self.feed.read(busy=metrics)  # the host reads while the device runs the step
-            self._log_held(run)  # the last logging step's values, fetched while this step runs
+            if self.sync.due(run.step):
+                self._wait(run)  # for the step before this one, which stays queued
+            self.last = metrics
             run.step += 1
             row: dict[str, float] = {}
             for hook in self.hooks:
                 hook.after_step(run, {**metrics, **extra}, row)
             if run.step % self.every == 0 or run.done:
-                self.held = (run.step, row)
-            elif row:
+                self.held.append((run.step, row, [hook.take(run) for hook in self.hooks]))
+            elif row:  # e.g. an eval between logging steps: after the held rows
+                self._wait(run)
                 run.emit(run.step, row)
         for hook in self.hooks:
             hook.after_round(run)
         return pending
 
-    def _log_held(self, run: Run) -> None:
-        """Complete and emit the held logging step's row: every hook's `log`, then what it had."""
-        if self.held is None:
+    def _wait(self, run: Run) -> None:
+        """Wait for the device to finish step `run.step`, then complete and emit the held rows:
+        every hook's `log` on them, then what each row had."""
+        if self.last is not None:
+            jax.block_until_ready(self.last)
+        run.synced = run.step
+        self.sync.waited(run.step, run.clock.now())
+        held, self.held = self.held, []
+        if not held:
             return
-        (step, row), self.held = self.held, None
-        logged: dict[str, float] = {}
-        for hook in self.hooks:
-            hook.log(run, logged)
-        run.emit(step, {**logged, **row})
+        logged: list[dict[str, float]] = [{} for _ in held]
+        for i, hook in enumerate(self.hooks):
+            hook.log(run, [(out, takes[i]) for out, (_, _, takes) in zip(logged, held, strict=True)])
+        for out, (step, row, _) in zip(logged, held, strict=True):
+            run.emit(step, {**out, **row})
 
     def start(self) -> Run:
         """The run's state: restored from the newest checkpoint, or initialised (and precomputed)."""
@@ -147,7 +159,7 @@ class Trainer:
         step = restored.step if restored else 0
         evals = [global_batch([b], self.sharding) for b in exp.eval_batches]
         run = Run(exp, programs, state, parts.frozen, evals, first_step=step + 1, total_steps=exp.cfg.trainer.steps,
-                  step=step)
+                  step=step, synced=step)
         if self.alg.precomputes:  # once per record, or read back; the frozen modules are dropped
             run.columns = restored.columns if restored else precompute_columns(exp, programs, state, parts.frozen)
             batches, evals = attach_columns(exp, run.columns)

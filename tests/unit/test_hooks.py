@@ -47,7 +47,7 @@ def test_a_window_of_one_step_logs_its_values_exactly():
     hook, run, loss = MetricsLog(feed), record(), np.float32(1.1)
     hook.after_step(run, {"loss": jnp.float32(loss), "loss_tokens": jnp.int32(7), "lr": jnp.float32(0.5)}, {})
     row = {}
-    hook.log(run, row)
+    hook.log(run, [(row, hook.take(run))])
     assert row["train/loss"] == float(np.mean([loss])) == float(loss) != 1.1
     assert row["train/loss_tokens"] == 7.0 and row["train/lr"] == 0.5 and "train/train/lr" not in row
     assert all(type(v) is float for v in row.values()) and hook.window == []
@@ -175,18 +175,21 @@ def test_signals_turn_into_a_preemption_at_the_round_end():
 
 
 def test_metrics_window_means_at_logging_steps():
-    """Means over the steps since the last log; lr and data epoch of the window's last step."""
+    """Means over the steps since the last logging step; lr and data epoch of the window's last
+    step; two rows held until one wait get their own windows."""
     feed = SimpleNamespace(batches=SimpleNamespace(epoch=lambda state: state["next_index"] / 100))
     hook, run = MetricsLog(feed), record()
-    rows = []
+    rows, held = [], []
     for step, loss in ((1, 4.0), (2, 2.0), (3, 1.0), (4, 3.0)):
         run.step, run.data_state, row = step, {"next_index": step * 8}, {}
         hook.after_step(run, {"loss": jnp.float32(loss), "lr": jnp.float32(step / 10)}, row)
         assert row == {}  # nothing is fetched when the step is dispatched
         if step % 2 == 0:
-            run.data_state = {"next_index": 99}  # the next round's: the row keeps its own step's
-            hook.log(run, row)
+            held.append((row, hook.take(run)))
+        run.data_state = {"next_index": 99}  # the next round's: the row keeps its own step's
         rows.append(row)
+    hook.log(run, held)
     assert rows[1]["train/loss"] == 3.0 and rows[3]["train/loss"] == 2.0 and "train/lr" in rows[1]
+    assert rows[1]["data/epoch"] == 0.16 and np.isclose(rows[1]["train/lr"], 0.2)
     assert rows[3]["data/epoch"] == 0.32 and np.isclose(rows[3]["train/lr"], 0.4)
     assert run.train["train/loss"] == 2.0 and run.status != COMPLETED
