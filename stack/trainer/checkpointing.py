@@ -28,11 +28,17 @@ class Checkpointing(Hook):
     def on_start(self, run: Run) -> None:
         self.last = run.step
 
+    def tiers(self, run: Run) -> list[Any]:
+        """The tiers this round end saves to: all at the end, else those whose cadence it crosses."""
+        if run.done or run.status == PREEMPTED:
+            return self.ckpt.tiers
+        return [t for t in self.ckpt.tiers if t.every and run.step // t.every > self.last // t.every]
+
+    def waits(self, run: Run) -> bool:
+        return bool(self.tiers(run))
+
     def after_round(self, run: Run) -> None:
-        previous, self.last = self.last, run.step
-        final = run.done or run.status == PREEMPTED
-        tiers = self.ckpt.tiers if final else [t for t in self.ckpt.tiers
-                                               if t.every and run.step // t.every > previous // t.every]
+        tiers, self.last = self.tiers(run), run.step
         if not tiers or run.status not in (RUNNING, PREEMPTED) or not self.guard.check(run):
             return
         with run.clock.paused():

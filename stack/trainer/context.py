@@ -91,6 +91,11 @@ class Hook:
         (row, what `take` returned), oldest first: fetch the values and add them to each row.
         `run.synced` is the newest step the device has finished; later ones may be queued."""
 
+    def waits(self, run: Run) -> bool:
+        """Whether this round end needs the device done and the held rows emitted before
+        `after_round` (a checkpoint save: a saved step's rows reach the sinks before it does)."""
+        return False
+
     def after_round(self, run: Run) -> None:
         """After the round's last step (rounds are where checkpoints and stops fall)."""
 

@@ -126,6 +126,8 @@ class Trainer:
             elif row:  # e.g. an eval between logging steps: after the held rows
                 self._wait(run)
                 run.emit(run.step, row)
+        if self.held and any(hook.waits(run) for hook in self.hooks):
+            self._wait(run)
         for hook in self.hooks:
             hook.after_round(run)
         return pending

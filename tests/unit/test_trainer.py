@@ -135,6 +135,32 @@ def test_logging_rows_are_completed_at_waits_that_leave_a_step_queued(tmp_path):
     assert end[1:] == (6, 6)
 
 
+class SavesAt(Hook):
+    """Asks for a wait at the round end of `step`, as a checkpoint save does, and records the
+    steps of the rows the sinks had by its `after_round`."""
+
+    def __init__(self, step: int, cap) -> None:
+        self.step, self.cap, self.seen = step, cap, None
+
+    def waits(self, run) -> bool:
+        return run.step == self.step
+
+    def after_round(self, run) -> None:
+        if run.step == self.step:
+            self.seen = [r["step"] for r in self.cap.rows]
+
+
+def test_a_saved_steps_rows_reach_the_sinks_before_the_save(tmp_path):
+    """Rows held on the rhythm (steps 3-4 here: a tiny step waits every ~20) are emitted before a
+    round end that saves, so a run killed after its checkpoint never resumes without them."""
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=6", "trainer.log_every=1", "trainer.eval_every=0"])
+    exp, cap = captured(build(cfg, str(tmp_path)))
+    trainer, hook = Trainer(exp), SavesAt(4, cap)
+    trainer.hooks.append(hook)
+    trainer.run()
+    assert hook.seen == [0, 1, 2, 3, 4]
+
+
 def test_rows_reach_the_sinks_in_step_order_with_eval_rows_between(tmp_path):
     cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=6", "trainer.log_every=2", "trainer.eval_every=3"])
     exp, cap = captured(build(cfg, str(tmp_path)))
