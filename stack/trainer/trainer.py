@@ -68,7 +68,7 @@ class Trainer:
         self.feed = Feed(exp.train_batches, self.sharding, exp.cfg.trainer.grad_accum * schedule.minibatches)
         self.hooks = default_hooks(exp, self.feed) if hooks is None else hooks
         self.every = exp.cfg.trainer.log_every
-        self.sync = Sync()
+        self.sync = Sync(fixed=self.every if jax.process_count() > 1 else None)
         self.held: list[tuple[int, dict[str, float], list]] = []  # logging steps' (step, row, takes) until a wait
         self.last: dict[str, jax.Array] | None = None  # the newest but one dispatched step's metrics
         self.parts: Parts | None = None

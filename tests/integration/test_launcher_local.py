@@ -170,6 +170,22 @@ def test_a_signal_stops_every_rank_at_the_same_step(sent, tmp_path):
     assert (run_dir / "checkpoints" / said[0][1]).is_dir()
 
 
+@pytest.mark.slow  # ~15 s: CI's slow step runs it
+def test_a_nonfinite_loss_stops_every_rank_after_the_same_step(tmp_path):
+    """The lr turns NaN at update 30: both ranks see it at the same wait (with several processes
+    the loop waits after each logging step, not on its own measured rhythm) and stop after the
+    same step with the non-finite message; none waits for the other in a step's collective."""
+    args = [*RUNS["sft"][:2], *COMMON, "trainer.steps=200", "allow_targets=[tests.unit.reward_fns]",
+            "optimizer.schedule._target_=tests.unit.reward_fns.schedule_nan_from", *LOCAL,
+            f"run_dir={tmp_path}/run"]
+    res = run_cli(args, str(tmp_path), env={**fake_devices(1), "PYTHONPATH": ROOT}, timeout=150)
+    logs = [res.stdout, (tmp_path / "run" / "rank1.log").read_text()]
+    done = [re.search(r"done: (\d+) steps", log) for log in logs]
+    assert res.returncode == 1 and all(done), (res.stdout + res.stderr)[-3000:]
+    assert done[0][1] == done[1][1] and 30 < int(done[0][1]) < 200
+    assert all("train/loss is non-finite" in log for log in (res.stderr, logs[1]))
+
+
 def rank_pid(launcher_pid: int, rank: int) -> int:
     """The pid of a launcher=local rank (its child with STACK_PROCESS_ID=rank)."""
     for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():

@@ -1,4 +1,4 @@
-"""Reward functions (and one schedule) for the runner and launcher tests (importable by spawned processes)."""
+"""Reward functions (and two schedules) for the runner and launcher tests (importable by spawned processes)."""
 
 import os
 import time
@@ -39,3 +39,11 @@ def fingerprint(prompts, completions, answer=None, **record):
     """A reward that differs for nearly every (prompt, completion, answer) triple: any misaligned
     row changes it."""
     return [(len(p) * 7 + len(c) * 3 + int(a)) % 11 / 10 for p, c, a in zip(prompts, completions, answer)]
+
+
+def schedule_nan_from(peak_value: float, nan_from: int = 30, **_):
+    """An lr schedule factory that turns NaN at update `nan_from`: a run trains, then its loss
+    goes non-finite well after the loop's first waits."""
+    import jax.numpy as jnp
+
+    return lambda count: jnp.where(count < nan_from, peak_value, jnp.nan)

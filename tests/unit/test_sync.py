@@ -31,3 +31,12 @@ def test_the_rhythm_follows_a_change_of_step_time():
     assert sync.every == 20 and not sync.due(29) and sync.due(30)
     sync.waited(30, 4.1)  # then 200 ms steps (e.g. a bigger batch after an eval)
     assert sync.every == 1 and sync.due(31)
+
+
+def test_a_fixed_rhythm_waits_after_each_logging_step_whatever_the_step_time():
+    """Several processes: every one waits (and so may stop on a non-finite loss) at the same steps."""
+    sync = Sync(fixed=5)
+    for step, now in ((0, 0.0), (5, 0.001), (10, 9.0)):
+        assert sync.due(step)
+        sync.waited(step, now)
+    assert not any(sync.due(step) for step in (1, 4, 6, 9, 11)) and sync.every == 5
