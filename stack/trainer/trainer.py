@@ -70,7 +70,7 @@ class Trainer:
         self.every = exp.cfg.trainer.log_every
         self.sync = Sync(fixed=self.every if jax.process_count() > 1 else None)
         self.held: list[tuple[int, dict[str, float], list]] = []  # logging steps' (step, row, takes) until a wait
-        self.last: dict[str, jax.Array] | None = None  # the newest but one dispatched step's metrics
+        self.last: dict[str, jax.Array] | None = None  # step `run.step`'s metrics: what a wait waits on
         self.parts: Parts | None = None
         self.state: TrainState | None = None  # the final state once `run` returns
 
