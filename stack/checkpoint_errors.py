@@ -40,11 +40,17 @@ def aborted_write(unraisable: Any) -> None:
 
 
 def _os_error(exc: Exception) -> str:
-    """The OS error inside a TensorStore/Orbax message ("File too large (errno 27)"), else its last line."""
+    """The OS error of a failed save ("File too large (errno 27)"): from a TensorStore/Orbax message
+    or an OSError, in `exc` or the exceptions it was raised from; else `exc`'s last line."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        found = re.search(r"([^:\n]+) \[os_error_code='?(\d+)", str(seen))
+        if found:
+            return f"{found.group(1).strip()} (errno {found.group(2)})"
+        if isinstance(seen, OSError) and seen.errno:
+            return f"{seen.strerror} (errno {seen.errno})"
+        seen = seen.__cause__ or seen.__context__
     text = str(exc).strip()
-    found = re.search(r"([^:]+) \[os_error_code='?(\d+)", text)
-    if found:
-        return f"{found.group(1).strip()} (errno {found.group(2)})"
     return short((text.splitlines() or [type(exc).__name__])[-1], 300)
 
 

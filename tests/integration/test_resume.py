@@ -290,7 +290,7 @@ def test_a_failed_save_stops_with_one_paragraph_and_the_previous_step_restores(t
     last = res.stderr.strip().splitlines()[-1]
     assert res.returncode == 1 and last.startswith(f"error: checkpoint step 14 could not be written to {run_dir}"), \
         res.stderr[-3000:]
-    assert "File too large (errno 27)" in last and "step 7 there still restores" in last
+    assert "File too large (errno 27)" in last and "step 7 there still restores" in last, last
     assert len(res.stderr.strip().splitlines()) <= 15
     res = run_cli(longer, cwd=str(tmp_path))
     assert res.returncode == 0 and "resumed after step 7" in res.stdout, res.stderr[-3000:]
