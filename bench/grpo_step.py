@@ -5,7 +5,7 @@
     python bench/grpo_step.py --quick        # one trial
 
 The parts are the real programs of a run (stack.step, stack.algorithms.grpo), each timed
-alone on the same round after compiling: generation (the KV-cache sampler) and the old
+alone on the same round after compiling (the fastest of 5 calls): generation (the KV-cache sampler) and the old
 log-probs (the training forward over the sampled sequences; skipped, 0, with one optimizer
 step per round), which `collect` runs as one program; scoring (the reward functions in their worker process, on the host); finalize
 (advantages) and the update. A round is collect + scoring + finalize + update. Goal:
@@ -33,13 +33,17 @@ SIZES = {"tiny": ["model=llama_tiny", "algorithm.num_generations=4", "algorithm.
                   "data.batch_size=16", "trainer.steps=8", "trainer.eval_batches=1"]}
 
 
-def seconds(fn: Callable, make_args: Callable[[], tuple]) -> float:
-    """Wall time of one call after a compiling one (`make_args` gives fresh, e.g. undonated, inputs)."""
+def seconds(fn: Callable, make_args: Callable[[], tuple], repeats: int = 5) -> float:
+    """The fastest of `repeats` calls after a compiling one (`make_args` gives fresh, e.g. undonated,
+    inputs): one call of a few ms read up to twice its time when a slow spell of the machine hit it."""
     jax.block_until_ready(fn(*make_args()))
-    args = make_args()
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        args = make_args()
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def round_parts(overrides: list[str]) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
     python bench/step_overhead.py            # tiny and medium
     python bench/step_overhead.py --sizes tiny --trials 5
-    python bench/step_overhead.py --quick    # tiny, one trial
+    python bench/step_overhead.py --quick    # tiny, one trial; medium's FLOP/s from 5 steps
 
 Both sides use the same model, batch and Optax chain (built from one config). Ours is the
 real trainer (`stack.trainer.Trainer`: rounds, hooks, donation), once fed the same fixed
@@ -12,7 +12,8 @@ minimum (least disturbed by other load on the machine) and the median are report
 the goal is a loop-overhead ratio <= 1.05. Also reported: the medium step's achieved FLOP/s over
 the matmul peak (on CPU: stack.hardware's probe, run in this process before every trial, the best
 step over the best probe: a single probe read 305 and 494 GFLOP/s in runs minutes apart while the
-step held steady; else `perf/mfu`; goal >= 0.60).
+step held steady; else `perf/mfu`; goal >= 0.60, a row for medium only: tiny's step is too small
+to keep the cores' matmul units busy and is printed, not judged).
 """
 
 import argparse
@@ -157,9 +158,13 @@ def baseline(exp) -> float:
     return (time.perf_counter() - start) / n
 
 
-def bench_args(doc: str, sizes: dict) -> argparse.Namespace:
-    """--sizes and --trials of a bench script (and a header line with the jax version)."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+FLOPS_SIZE, QUICK_FLOPS_STEPS = "medium", 5  # the size the FLOP/s goal is for; its steps with --quick
+
+
+def bench_args(doc: str, sizes: dict, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """--sizes and --trials of a bench script (and a header line with the jax version); `parser`
+    may carry the script's own arguments."""
+    parser = parser or argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=list(sizes), choices=list(sizes))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help=f"only {next(iter(sizes))}, one trial, <= 80 steps")
@@ -173,39 +178,69 @@ def bench_args(doc: str, sizes: dict) -> argparse.Namespace:
     return args
 
 
+def overhead_rows(exp, size: str, trials: int, quick: bool) -> None:
+    """Loop overhead (fixed batch, Grain data) over the hand-written step, alternating trials;
+    the achieved FLOP/s of the fixed-batch runs (a row at FLOPS_SIZE)."""
+    on_cpu = jax.default_backend() == "cpu"
+    fixed = exp.eval_batches[0]
+    a, b, c, achieved = [], [], [], []  # achieved: FLOP/s on CPU, else MFU
+    if quick:  # one untimed pass each: a single trial would otherwise be the process's first run
+        baseline(exp), ours(replace(exp, train_batches=Fixed(fixed)))
+    peaks = []
+    for _ in range(trials):
+        peaks += [measure_cpu_peak(repeats=10)] if on_cpu else []
+        b.append(baseline(exp))
+        row = perf_row(replace(exp, train_batches=Fixed(fixed)))
+        a.append(row["perf/step_seconds"])
+        achieved.append(row["perf/tflops_per_device"] * 1e12 if on_cpu else row["perf/mfu"])
+        c.append(ours(replace(exp, train_batches=experiment(SIZES[size]).train_batches)))
+    for label, xs in (("loop, fixed batch", a), ("loop + Grain data", c)):
+        print(f"{size:7s} {label:18s} min {min(xs) * 1e3:8.2f} ms/step (median {statistics.median(xs) * 1e3:7.2f})"
+              f" | hand-written jit min {min(b) * 1e3:8.2f} (median {statistics.median(b) * 1e3:7.2f})"
+              f" | ratio of mins {min(xs) / min(b):.3f}, of medians {statistics.median(xs) / statistics.median(b):.3f}")
+    emit(f"loop overhead ({size})", min(a) / min(b), "<= 1.05")
+    emit(f"loop + Grain data ({size})", min(c) / min(b), "<= 1.05")
+    flops_row(size, achieved, peaks)
+
+
+def flops_row(size: str, achieved: list[float], peaks: list[float]) -> None:
+    """The best step's FLOP/s over the best matmul probe (CPU) or the best MFU; a row at FLOPS_SIZE."""
+    on_cpu = bool(peaks)
+    share = max(achieved) / max(peaks) if on_cpu else max(achieved)
+    print(f"{size:7s} achieved FLOP/s over the matmul peak {share:.3f} (goal >= 0.60 at {FLOPS_SIZE})" + (
+        f"; steps {', '.join(f'{x / 1e9:.0f}' for x in achieved)} GFLOP/s, probes in this process "
+        f"{', '.join(f'{x / 1e9:.0f}' for x in peaks)} GFLOP/s" if on_cpu else ""))
+    if size == FLOPS_SIZE:
+        emit(f"FLOP/s / matmul peak ({size})", share, ">= 0.60")
+
+
+def quick_flops(exp) -> None:
+    """--quick at FLOPS_SIZE: only the FLOP/s row, from one short fixed-batch run after an untimed one."""
+    on_cpu = jax.default_backend() == "cpu"
+    fixed = replace(exp, train_batches=Fixed(exp.eval_batches[0]))
+    perf_row(fixed)  # compiles
+    peaks = [measure_cpu_peak(repeats=10)] if on_cpu else []
+    row = perf_row(fixed)
+    flops_row(FLOPS_SIZE, [row["perf/tflops_per_device"] * 1e12 if on_cpu else row["perf/mfu"]], peaks)
+
+
 def main() -> None:
-    args = bench_args(__doc__, SIZES)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flops-only", action="store_true", help=argparse.SUPPRESS)  # --quick's FLOPS_SIZE process
+    args = bench_args(__doc__, SIZES, parser)
+    if args.flops_only:
+        return quick_flops(experiment([o for o in SIZES[FLOPS_SIZE] if not o.startswith("trainer.steps=")]
+                                      + [f"trainer.steps={QUICK_FLOPS_STEPS}"]))
     if len(args.sizes) > 1:  # one process per size: each runs with its own dispatch mode, as its CLI run would
         for size in args.sizes:
             subprocess.run([sys.executable, __file__, "--sizes", size, "--trials", str(args.trials)], check=True)
         return
-    for size in args.sizes:
-        exp = experiment(SIZES[size])
-        on_cpu = jax.default_backend() == "cpu"
-        print(f"{size}: {jax.devices()[0].platform}, async dispatch {jax.config.read('jax_cpu_enable_async_dispatch')}")
-        fixed = exp.eval_batches[0]
-        a, b, c, achieved = [], [], [], []  # achieved: FLOP/s on CPU, else MFU
-        if args.quick:  # one untimed pass each: a single trial would otherwise be the process's first run
-            baseline(exp), ours(replace(exp, train_batches=Fixed(fixed)))
-        peaks = []
-        for _ in range(args.trials):
-            peaks += [measure_cpu_peak(repeats=10)] if on_cpu else []
-            b.append(baseline(exp))
-            row = perf_row(replace(exp, train_batches=Fixed(fixed)))
-            a.append(row["perf/step_seconds"])
-            achieved.append(row["perf/tflops_per_device"] * 1e12 if on_cpu else row["perf/mfu"])
-            c.append(ours(replace(exp, train_batches=experiment(SIZES[size]).train_batches)))
-        for label, xs in (("loop, fixed batch", a), ("loop + Grain data", c)):
-            print(f"{size:7s} {label:18s} min {min(xs) * 1e3:8.2f} ms/step (median {statistics.median(xs) * 1e3:7.2f})"
-                  f" | hand-written jit min {min(b) * 1e3:8.2f} (median {statistics.median(b) * 1e3:7.2f})"
-                  f" | ratio of mins {min(xs) / min(b):.3f}, of medians {statistics.median(xs) / statistics.median(b):.3f}")
-        share = max(achieved) / max(peaks) if on_cpu else max(achieved)
-        print(f"{size:7s} achieved FLOP/s over the matmul peak {share:.3f} (goal >= 0.60 at medium)" + (
-            f"; steps {', '.join(f'{x / 1e9:.0f}' for x in achieved)} GFLOP/s, probes in this process "
-            f"{', '.join(f'{x / 1e9:.0f}' for x in peaks)} GFLOP/s" if on_cpu else ""))
-        emit(f"loop overhead ({size})", min(a) / min(b), "<= 1.05")
-        emit(f"loop + Grain data ({size})", min(c) / min(b), "<= 1.05")
-        emit(f"FLOP/s / matmul peak ({size})", share, ">= 0.60")
+    size = args.sizes[0]
+    exp = experiment(SIZES[size])
+    print(f"{size}: {jax.devices()[0].platform}, async dispatch {jax.config.read('jax_cpu_enable_async_dispatch')}")
+    overhead_rows(exp, size, args.trials, args.quick)
+    if args.quick and size != FLOPS_SIZE:  # the FLOP/s row's size, briefly, in its own process
+        subprocess.run([sys.executable, __file__, "--sizes", FLOPS_SIZE, "--trials", "1", "--flops-only"], check=True)
 
 
 if __name__ == "__main__":
