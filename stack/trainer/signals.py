@@ -43,6 +43,12 @@ class Signals(Hook):
             for sig, handler in handlers.items():
                 self._old[sig] = signal.signal(sig, handler)
 
+    def waits(self, run: Run) -> bool:
+        """A signal received: this round end stops the run (and saves), so its held rows go out
+        first. With several processes the stop is decided at the sync point, after this; a
+        process that was not signalled itself emits them after the save."""
+        return self.signum is not None
+
     def after_round(self, run: Run) -> None:
         if self.several:
             stop, signum = multihost_utils.reached_preemption_sync_point(self.rounds), self.signum or signal.SIGTERM

@@ -2,6 +2,8 @@
 program, a typed Summary, old checkpoints refused, and an on-policy toy through the same loop."""
 
 import logging
+import os
+import signal
 from types import SimpleNamespace
 from dataclasses import replace
 
@@ -19,7 +21,7 @@ from stack.errors import ConfigError
 from stack.parallel import batch_sharding, global_batch
 from stack.step import minibatch
 from stack.trainer import Trainer, train
-from stack.trainer.context import Hook
+from stack.trainer.context import PREEMPTED, Hook
 from stack.trainer.evaluation import evaluate
 from tests.conftest import QUICK, captured, loss_of, make_cfg, read_metrics
 from tests.unit.toy_reinforce import Reinforce
@@ -159,6 +161,34 @@ def test_a_saved_steps_rows_reach_the_sinks_before_the_save(tmp_path):
     trainer.hooks.append(hook)
     trainer.run()
     assert hook.seen == [0, 1, 2, 3, 4]
+
+
+class TermAt(Hook):
+    """Sends this process SIGTERM during step `step`; `seen`: the steps of the rows the sinks had
+    when the round end that stops the run (and saves) came to this hook, after Signals'."""
+
+    def __init__(self, step: int, cap) -> None:
+        self.step, self.cap, self.seen = step, cap, None
+
+    def after_step(self, run, metrics, row) -> None:
+        if run.step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def after_round(self, run) -> None:
+        if run.status == PREEMPTED and self.seen is None:
+            self.seen = [r["step"] for r in self.cap.rows]
+
+
+def test_a_preempted_round_end_emits_its_held_rows_before_it_saves(tmp_path):
+    """Steps 1-3 are held on the rhythm when SIGTERM arrives: they reach the sinks before the
+    round end that stops the run saves (its save blocks, and the grace period may end in it)."""
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=8", "trainer.log_every=1", "trainer.eval_every=0"])
+    exp, cap = captured(build(cfg, str(tmp_path)))
+    trainer, hook = Trainer(exp), TermAt(3, cap)
+    trainer.hooks.append(hook)
+    summary = trainer.run()
+    assert summary.status == PREEMPTED and summary.final_step == 3
+    assert hook.seen == [0, 1, 2, 3]
 
 
 def test_rows_reach_the_sinks_in_step_order_with_eval_rows_between(tmp_path):
