@@ -45,8 +45,9 @@ class Signals(Hook):
 
     def waits(self, run: Run) -> bool:
         """A signal received: this round end stops the run (and saves), so its held rows go out
-        first. With several processes the stop is decided at the sync point, after this; a
-        process that was not signalled itself emits them after the save."""
+        first. With several processes the stop is decided at the sync point, after this check,
+        and SIGTERM goes to jax's notifier: there the rows still held (the newest logging step's,
+        `Sync(fixed=log_every)`) go out after the save."""
         return self.signum is not None
 
     def after_round(self, run: Run) -> None:
