@@ -10,6 +10,8 @@ checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds 
 logged row. The loop waits for the device on a rhythm set by the step time (stack.trainer.sync),
 for the step before the newest, so the device never idles for it; a logging step's row is held
 until then and completed by the hooks (`Hook.log`). Eval and checkpoint steps wait in their hooks.
+A round that scores on the host, which waits for the device there anyway, first emits the rows
+held: each row's step time then holds its own round's collect and scoring (stack.trainer.metrics).
 """
 
 import math
@@ -104,6 +106,8 @@ class Trainer:
     def _round(self, run: Run, pending: Round) -> Round:
         """One round: collect, score, finalize, the optimizer steps; returns the next round's data."""
         batch, host, run.data_state = pending
+        if self.held and self.alg.score is not None:  # `score` waits for the device anyway: the held
+            self._wait(run)  # rows close here, so this round's collect is timed as the next step's
         xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
         scores = self.alg.score(xp, host) if self.alg.score is not None else None
         xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)

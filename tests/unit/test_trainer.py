@@ -4,6 +4,7 @@ program, a typed Summary, old checkpoints refused, and an on-policy toy through 
 import logging
 import os
 import signal
+import time
 from types import SimpleNamespace
 from dataclasses import replace
 
@@ -315,6 +316,28 @@ def test_an_on_policy_algorithm_runs_through_the_same_trainer(tmp_path):
     assert summary.eval["eval/reward"] > summary.eval_at_start["eval/reward"]
     baseline = float(trainer.state.params["baseline"]["value"])
     assert baseline > 0.1  # the extra module trained too (from 0, towards the mean reward)
+
+
+class SlowScore(Reinforce):
+    """One optimizer step a round, whose host scoring takes SECONDS (as a reward function would)."""
+
+    schedule = Schedule(epochs=1, minibatches=1)
+    SECONDS = 0.05
+
+    def score(self, xp, host):
+        time.sleep(self.SECONDS)
+        return Reinforce.score(xp, host)
+
+
+def test_each_on_policy_row_is_timed_with_its_own_rounds_host_scoring(tmp_path):
+    """Every round's `score` sleeps 50 ms: each logged step's perf/step_seconds holds it, the last
+    one's too (the rows closed after the next round's scoring: that row read ~0.4 ms)."""
+    cfg = make_cfg(["data=jsonl_prompts", "data.batch_size=4", "trainer.steps=5", "trainer.log_every=1",
+                    "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl", f"run_dir={tmp_path}", *TINY[:5]])
+    exp, cap = captured(replace(build(cfg, str(tmp_path)), algorithm=SlowScore()))
+    Trainer(exp).run()
+    seconds = [r["perf/step_seconds"] for r in cap.rows if "perf/step_seconds" in r]
+    assert len(seconds) == 4 and min(seconds) >= SlowScore.SECONDS, seconds  # step 1 (compiling) has none
 
 
 def test_config_error_when_steps_do_not_fill_rounds(tmp_path):
