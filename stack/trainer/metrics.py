@@ -92,15 +92,20 @@ class Throughput(Hook):
             return
         self.steady_steps += 1
 
+    def take(self, run: Run) -> int:
+        return run.step
+
     def log(self, run: Run, rows: list[tuple[dict[str, float], Any]]) -> None:
-        """The rates of the steps finished since the window started (the device ran them all)."""
+        """The rates of the steps finished since the window started (the device ran them all), on
+        the rows of those steps (not the first step's: it compiled, and its row may be held with them)."""
         steps, seconds = run.synced - self.window_first, run.clock.now() - self.window_start
         if steps > 0 and seconds > 0:
             rates = {**self._rates(run, steps, seconds),
                      "perf/data_wait_fraction": self.feed.stalled / seconds,  # the device waited for data
                      "perf/data_read_fraction": self.feed.read_seconds / seconds}  # the host read (overlapped)
-            for row, _ in rows:
-                row.update(rates)
+            for row, step in rows:
+                if step > self.window_first:
+                    row.update(rates)
             self._reset(run, run.synced)
 
     def _reset(self, run: Run, finished: int) -> None:

@@ -1,7 +1,8 @@
 """NaN policy (`trainer.nan_policy`): `stop` ends the run at the first non-finite train loss
 seen when logged rows are completed or before a checkpoint save, so no bad state is ever written.
 Rows are completed at the loop's waits for the device (stack.trainer.sync: ~0.2 s of steps apart),
-so the run stops at the end of the round running then, a few steps after the bad one."""
+so the run stops at the end of the round running then, a few steps after the bad one; a wait at
+a round's start (rounds of several steps or scored on the host) stops before that round."""
 
 import math
 from typing import Any

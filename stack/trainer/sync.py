@@ -10,6 +10,7 @@ step waits every 6 steps, a step of 0.2 s or more at every step (`bench/log_ever
 With several processes the rhythm is fixed instead (`Sync(fixed=trainer.log_every)`: a wait
 after each logging step): what a wait completes decides when a non-finite loss stops the run, and
 every process must stop at the same step, while the time each one measures differs.
+Rounds of several steps or scored on the host wait at round starts instead (stack.trainer.trainer).
 """
 
 SECONDS = 0.2  # device work between two waits

@@ -10,8 +10,10 @@ checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds 
 logged row. The loop waits for the device on a rhythm set by the step time (stack.trainer.sync),
 for the step before the newest, so the device never idles for it; a logging step's row is held
 until then and completed by the hooks (`Hook.log`). Eval and checkpoint steps wait in their hooks.
-A round that scores on the host, which waits for the device there anyway, first emits the rows
-held: each row's step time then holds its own round's collect and scoring (stack.trainer.metrics).
+Rounds of several optimizer steps (PPO's epochs) or scored on the host (GRPO, PPO: the host
+waits for the device there anyway) wait at round starts only: held rows are emitted on a round
+boundary, each with its round's share of the round's time, generation and scoring included (as
+TRL's PPO / GRPO trainers time a batch's rollout and update).
 """
 
 import math
@@ -71,6 +73,9 @@ class Trainer:
         self.hooks = default_hooks(exp, self.feed) if hooks is None else hooks
         self.every = exp.cfg.trainer.log_every
         self.sync = Sync(fixed=self.every if jax.process_count() > 1 else None)
+        # rounds of several steps, or scored on the host (which waits for the device anyway): the
+        # loop waits at round starts only, so that rows close on a round boundary with its time
+        self.round_waits = self.alg.score is not None or len(self.plan) > 1
         self.held: list[tuple[int, dict[str, float], list]] = []  # logging steps' (step, row, takes) until a wait
         self.last: dict[str, jax.Array] | None = None  # step `run.step`'s metrics: what a wait waits on
         self.parts: Parts | None = None
@@ -105,9 +110,11 @@ class Trainer:
 
     def _round(self, run: Run, pending: Round) -> Round:
         """One round: collect, score, finalize, the optimizer steps; returns the next round's data."""
+        if self.round_waits and (self.held or self.sync.due(run.step)):
+            self._wait(run)  # for the previous round's last step
+            if run.status != RUNNING:  # a non-finite loss in the rows it completed: no new round
+                return pending
         batch, host, run.data_state = pending
-        if self.held and self.alg.score is not None:  # `score` waits for the device anyway: the held
-            self._wait(run)  # rows close here, so this round's collect is timed as the next step's
         xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
         scores = self.alg.score(xp, host) if self.alg.score is not None else None
         xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)
@@ -118,7 +125,7 @@ class Trainer:
             run.state, metrics = run.programs.update(run.state, run.frozen, xp, j)
             if j == len(self.plan) - 1:
                 pending = self.feed.read(busy=metrics)  # the host reads while the device runs the step
-            if self.sync.due(run.step):
+            if not self.round_waits and self.sync.due(run.step):
                 self._wait(run)  # for the step before this one, which stays queued
             self.last = metrics
             run.step += 1

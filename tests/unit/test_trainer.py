@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from dataclasses import replace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -25,7 +26,7 @@ from stack.trainer import Trainer, train
 from stack.trainer.context import PREEMPTED, Hook
 from stack.trainer.evaluation import evaluate
 from tests.conftest import QUICK, captured, loss_of, make_cfg, read_metrics
-from tests.unit.toy_reinforce import Reinforce
+from tests.unit.toy_reinforce import TARGET, Reinforce
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1", "model.d_ff=64", "model.n_layers=1",
         "data.batch_size=8", "trainer.eval_batches=1", "logger=jsonl"]
@@ -319,25 +320,76 @@ def test_an_on_policy_algorithm_runs_through_the_same_trainer(tmp_path):
 
 
 class SlowScore(Reinforce):
-    """One optimizer step a round, whose host scoring takes SECONDS (as a reward function would)."""
+    """A round of `epochs` optimizer steps whose host scoring takes `seconds` (as a reward function would)."""
 
-    schedule = Schedule(epochs=1, minibatches=1)
-    SECONDS = 0.05
+    def __init__(self, epochs: int, seconds: float) -> None:
+        self.schedule, self.seconds = Schedule(epochs=epochs, minibatches=1), seconds
 
     def score(self, xp, host):
-        time.sleep(self.SECONDS)
+        time.sleep(self.seconds)
         return Reinforce.score(xp, host)
 
 
-def test_each_on_policy_row_is_timed_with_its_own_rounds_host_scoring(tmp_path):
-    """Every round's `score` sleeps 50 ms: each logged step's perf/step_seconds holds it, the last
-    one's too (the rows closed after the next round's scoring: that row read ~0.4 ms)."""
-    cfg = make_cfg(["data=jsonl_prompts", "data.batch_size=4", "trainer.steps=5", "trainer.log_every=1",
-                    "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl", f"run_dir={tmp_path}", *TINY[:5]])
-    exp, cap = captured(replace(build(cfg, str(tmp_path)), algorithm=SlowScore()))
-    Trainer(exp).run()
-    seconds = [r["perf/step_seconds"] for r in cap.rows if "perf/step_seconds" in r]
-    assert len(seconds) == 4 and min(seconds) >= SlowScore.SECONDS, seconds  # step 1 (compiling) has none
+class DeviceScored(Reinforce):
+    """Rounds of 4 optimizer steps whose rewards are computed on the device (no host `score`)."""
+
+    score = scores_spec = None
+    schedule = Schedule(epochs=4, minibatches=1)
+
+    @staticmethod
+    def rewards(xp):
+        return (xp["action"] == TARGET).astype(jnp.float32)
+
+    def finalize(self, xp, scores, state):
+        return Reinforce.finalize(self, xp, self.rewards(xp), state)
+
+    def evaluate(self, models, xp, scores, frozen, state):
+        return {"reward": self.rewards(xp).mean()}
+
+
+class SleepsAfterSteps(Hook):
+    """75 ms of host work after each step: the loop's rhythm then waits every 2 steps."""
+
+    def after_step(self, run, metrics, row) -> None:
+        time.sleep(0.075)
+
+
+def toy_trainer(tmp_path, algorithm, *overrides: str):
+    """(Trainer, captured sink) of a tiny model running `algorithm` on the prompt data, logging every step."""
+    cfg = make_cfg(["data=jsonl_prompts", "data.batch_size=4", "trainer.log_every=1", "trainer.eval_every=0",
+                    "trainer.eval_batches=1", "logger=jsonl", f"run_dir={tmp_path}", *TINY[:5], *overrides])
+    exp, cap = captured(replace(build(cfg, str(tmp_path)), algorithm=algorithm))
+    return Trainer(exp), cap
+
+
+@pytest.mark.parametrize("algorithm, hooks, seconds", [(SlowScore(1, 0.05), [], 0.05), (SlowScore(4, 0.3), [], 0.3),
+                                                       (DeviceScored(), [SleepsAfterSteps()], 0.3)],
+                         ids=["host-scored-1-step", "host-scored-4-steps", "device-scored-4-steps"])
+def test_on_policy_rows_are_timed_per_round(tmp_path, algorithm, hooks, seconds):
+    """The rows of a round close together, on its boundary, and share its time: each holds its
+    share of the round's host work (`seconds` a round). Closed at the loop's usual waits, a 1-step
+    round's row held the next round's scoring and the last row read ~0.4 ms; 4-step rounds of 75 ms
+    a step (the loop waits every 2 steps) split a round over two rows' windows (PPO's rows 2-3 read
+    0.108 s, row 4 0.0007 s: MFU 35x)."""
+    trainer, cap = toy_trainer(tmp_path, algorithm, "trainer.steps=12")
+    trainer.hooks += hooks
+    trainer.run()
+    per_step = {r["step"]: r["perf/step_seconds"] for r in cap.rows if "perf/step_seconds" in r}
+    assert list(per_step) == list(range(2, 13)), per_step  # step 1 compiled: no rates
+    n = algorithm.schedule.epochs
+    rounds = [[per_step[s] for s in range(first, first + n)] for first in range(1 + n, 13, n)]
+    assert all(len(set(r)) == 1 for r in rounds), rounds  # the first round's host work came before its step 1
+    assert min(r[0] for r in rounds) >= seconds / n, rounds
+
+
+def test_a_nan_found_at_a_round_start_stops_before_that_round(tmp_path):
+    """Host-scored 1-step rounds: step 2's loss is the first non-finite one; its row is completed at
+    round 3's start, which then runs nothing (it ran on the NaN params before: final step 3)."""
+    trainer, _ = toy_trainer(tmp_path, SlowScore(1, 0.0), "trainer.steps=6", "optimizer.lr=nan",
+                             "optimizer.warmup_steps=0")
+    summary = trainer.run()
+    assert summary.status == "stopped_nonfinite" and "at step 2" in summary.message
+    assert summary.final_step == 2
 
 
 def test_config_error_when_steps_do_not_fill_rounds(tmp_path):
