@@ -12,6 +12,8 @@ from flax import nnx
 from tests.conftest import make_cfg
 
 from stack.models.llama import Llama, abstract_model, init_model, param_count, unfuse
+from stack.models import modules
+from stack.models.modules import copy_module
 from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
 from stack.schema.model import ModelConfig, RopeScalingConfig
 
@@ -160,6 +162,19 @@ def test_init_at_llvm_o1_draws_the_same_bits_as_the_default_compile():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_copy_module_gives_each_array_its_own_equal_buffer_and_keeps_shape_only_leaves(monkeypatch):
+    model, shapes = init_model(tiny_cfg(), 0), abstract_model(tiny_cfg())
+    copy = copy_module(model)
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(copy)), strict=True):
+        assert a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer() and a.sharding == b.sharding
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    copy.norm.weight[...] = 0.0  # the copy is its own module
+    np.testing.assert_array_equal(np.asarray(model.norm.weight[...]), 1.0)
+    monkeypatch.setattr(modules, "_copies", None)  # shape-only (mode=compile): no program, whose backend may not run
+    abstract = jax.tree.leaves(nnx.state(copy_module(shapes)))
+    assert abstract == jax.tree.leaves(nnx.state(shapes)) and isinstance(abstract[0], jax.ShapeDtypeStruct)
+
+
 # ---------------------------------------------------------------- RoPE
 @pytest.mark.parametrize("factor,theta", [(8.0, 500000.0), (32.0, 500000.0)])
 def test_llama3_scaled_inv_freq(factor, theta):
@@ -234,7 +249,7 @@ def test_fused_gate_up_equals_the_two_projections_in_logits_and_gradients():
     assert unfuse(model) is model and not any(layer.mlp.fused for layer in model.layers)
     unfused = loss_and_grads(model)
     np.testing.assert_allclose(float(fused[0]), float(unfused[0]), rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(nnx.state(fused[1])), jax.tree.leaves(nnx.state(unfused[1]))):
+    for a, b in zip(jax.tree.leaves(nnx.state(fused[1])), jax.tree.leaves(nnx.state(unfused[1])), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
