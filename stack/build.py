@@ -157,5 +157,5 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                      flops, peak_flops_per_device(cfg.hardware, machine_file("cpu_peak")), sinks, checkpointer, wandb_id,
-                      rewards)
+                      flops, peak_flops_per_device(cfg.hardware, machine_file("cpu_peak"), mesh.size),
+                      sinks, checkpointer, wandb_id, rewards)

@@ -47,13 +47,36 @@ def machine_busy() -> bool:
     return os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1)
 
 
+def cpu_clock() -> tuple[float, float, float] | None:
+    """(wall seconds, CPU seconds the machine's cores have been busy, this process's CPU seconds);
+    None without Linux's /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+def cores_used_by_others(since: tuple[float, float, float] | None) -> float:
+    """The cores other processes kept busy on average since `since` (a `cpu_clock()`); 0 unknown."""
+    now = cpu_clock()
+    if since is None or now is None or now[0] <= since[0]:
+        return 0.0
+    others = (now[1] - since[1]) - (now[2] - since[2])
+    return max(others, 0.0) / (now[0] - since[0])
+
+
 def measure_cpu_peak(cache_file: str | None = None, n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of the best of `repeats` jitted float32 n×n matmuls on the first CPU device.
 
     With `cache_file` (per machine: stack.cache.machine_file) a probe is measured once and read
-    back. One taken while the machine was busy (`machine_busy`: a parallel sweep, a test run)
-    would understate the peak (by half on 2 busy cores), so it is marked and measured again by
-    the first run that finds the machine idle. An unwritable cache only costs the probe next time.
+    back. One taken while the machine was busy (`machine_busy`: a parallel sweep, a test run; or
+    other processes using a quarter of the cores during the probe, which the load average, a
+    minute behind, misses: a probe beside a pip install read 110 of 209 GFLOP/s) would understate
+    the peak, so it is marked and measured again by the first run that finds the machine idle.
+    An unwritable cache only costs the probe next time.
     """
     cached = _read_probe(cache_file)
     busy = machine_busy()
@@ -67,11 +90,12 @@ def measure_cpu_peak(cache_file: str | None = None, n: int = 1024, repeats: int 
     b = jax.device_put(jnp.full((n, n), 0.5, jnp.float32), dev)
     mm = jax.jit(jnp.matmul)
     mm(a, b).block_until_ready()  # compile + warm up
-    best = float("inf")
+    best, since = float("inf"), cpu_clock()
     for _ in range(repeats):
         t0 = time.perf_counter()
         mm(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t0)
+    busy = busy or cores_used_by_others(since) > 0.25 * (os.cpu_count() or 1)
     peak = 2 * n**3 / best
     if cache_file:
         _write_probe(cache_file, {"flops_per_sec": peak, "n": n, "repeats": repeats, "seconds": best,
@@ -97,14 +121,13 @@ def _write_probe(cache_file: str, probe: dict[str, Any]) -> None:
         pass
 
 
-def peak_flops_per_device(hw_cfg: Any, cache_file: str | None = None) -> float:
-    """The published peak of one chip, or for `peak_flops_per_chip: null` the measured CPU
-    peak divided by the number of CPU devices (fake devices share the host's cores)."""
+def peak_flops_per_device(hw_cfg: Any, cache_file: str | None = None, devices: int = 1) -> float:
+    """The published peak of one chip, or for `peak_flops_per_chip: null` the measured CPU peak
+    divided by `devices`, the mesh's: fake CPU devices share the host's cores, and a mesh of one
+    of them has all of them (dividing by every CPU device made a 1-device mesh's MFU 8x with 8)."""
     if hw_cfg.peak_flops_per_chip is not None:
         return float(hw_cfg.peak_flops_per_chip)
-    import jax
-
-    return measure_cpu_peak(cache_file) / len(jax.devices("cpu"))
+    return measure_cpu_peak(cache_file) / devices
 
 
 def _describe(devices: list) -> str:

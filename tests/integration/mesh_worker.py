@@ -1,6 +1,7 @@
 """Run by test_meshes.py in a subprocess with 8 fake CPU devices: train 5 steps per mesh.
 
-Prints one JSON object: per-step losses per mesh and per-device shard shapes of a few params.
+Prints one JSON object: per-step losses per mesh, per-device shard shapes of a few params and the
+peak FLOP/s per device each run's MFU divides by.
 """
 
 import json
@@ -28,12 +29,13 @@ def shard_shapes(model, names):
 
 
 def main(meshes):
-    result = {"devices": jax.device_count(), "losses": {}, "shards": {}}
+    result = {"devices": jax.device_count(), "losses": {}, "shards": {}, "peaks": {}}
     for mesh in meshes:
         exp, cap = captured(build(make_cfg(BASE + mesh.split()), tempfile.mkdtemp()))
         trainer = Trainer(exp)
         trainer.run()
         result["losses"][mesh] = [r["train/loss"] for r in cap.rows if "train/loss" in r]
+        result["peaks"][mesh] = exp.peak_flops_per_device
         if "quantization" in mesh:  # adapters: the losses are what is compared
             continue
         result["shards"][mesh] = shard_shapes(trainer.policy(), ["layers/0/attn/q_proj/kernel", "embed/embedding",
@@ -41,7 +43,7 @@ def main(meshes):
         opt_state = trainer.state.opt_state
         adam = next(s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu"))
         mu = adam.mu["policy"]["layers"][0]["attn"]["q_proj"]["kernel"]
-        mu = getattr(mu, "get_value", lambda: mu)()
+        mu = mu.get_value() if hasattr(mu, "get_value") else mu
         result["shards"][mesh]["adam_mu/q_proj"] = {"shards": sorted({tuple(s.data.shape) for s in mu.addressable_shards})}
     print(json.dumps(result))
 

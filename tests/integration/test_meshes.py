@@ -1,6 +1,7 @@
 """8 fake CPU devices: every mesh gives the single-device losses; shards have the right shapes."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -11,9 +12,15 @@ from tests.conftest import REPO, fake_devices
 MESHES = ["mesh=single", "mesh=dp", "mesh=fsdp", "mesh=fsdp_tp", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2"]
 
 
+PEAK = 8e10  # the host's measured CPU peak, FLOP/s (pinned in the worker's cache root)
+
+
 @pytest.fixture(scope="module")
-def result():
-    env = fake_devices(8)
+def result(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    with open(root / f"cpu_peak-{socket.gethostname()}.json", "w") as f:
+        json.dump({"flops_per_sec": PEAK, "busy": False}, f)
+    env = {**fake_devices(8), "STACK_CACHE_DIR": str(root)}
     out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *MESHES], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -26,6 +33,13 @@ def test_every_mesh_matches_single_device_losses(result):
     assert len(single) == 5 and single[-1] < single[0]
     for mesh in MESHES[1:]:
         assert result["losses"][mesh] == pytest.approx(single, abs=1e-5), mesh
+
+
+def test_mfu_divides_the_host_peak_among_the_meshs_devices_only(result):
+    """The 8 fake devices share the host's cores; a mesh of one of them has all of them, so its
+    peak is the host's (it was PEAK / 8: MFU 8x too high, 193 % for a tiny SFT run)."""
+    assert result["peaks"]["mesh=single"] == PEAK
+    assert all(result["peaks"][m] == PEAK / 8 for m in MESHES[1:]), result["peaks"]
 
 
 def test_shard_shapes(result):
