@@ -130,7 +130,7 @@ class Batches:
                 it, length_struct={k: cfg.seq_len for k in PACKED_KEYS}, num_packing_bins=batch_size,
                 seed=seed, shuffle_bins=train).map(Unpack())
         it = it.batch(batch_size, drop_remainder=True)
-        if cfg.workers > 0:
+        if cfg.workers > 0 and train:  # eval splits are read once: no pool, and the same batches
             from absl import flags  # grain 0.2.18 reads absl flags in its workers
 
             flags.FLAGS.mark_as_parsed()

@@ -28,7 +28,9 @@ class DataConfig:
     shuffle: bool = True
     skip_bad_records: bool = False  # drop records that do not fit, with a counted warning
     max_bad_fraction: float = 0.01  # ... and stop when more than this fraction is bad
-    workers: int = 0  # Grain worker processes (0: threads in this process)
+    # Grain worker processes for the train split (0: threads in this process); each worker batches its
+    # own records (grain mp_prefetch), so which records share a batch depends on the count
+    workers: int = 0
     read_threads: int = 0  # Grain threads that read and encode records
     prefetch: int = 2  # batches a background thread prepares ahead (workers=0)
     max_operand: int = 100  # synthetic source: "a+b=" -> "c" with 0 <= a, b < max_operand
