@@ -66,7 +66,10 @@ def validate(cfg: DictConfig) -> None:
             f"model.scan_layers=true cannot run with quantization.method={cfg.quantization.method!r}: Qwix "
             "intercepts each layer's projections by module path, and a scan runs one merged copy of a layer. "
             "Set model.scan_layers=false (unrolled layers) or quantization=none.")
+    if cfg.trainer.eval_every < 0:
+        raise ConfigError(f"'trainer.eval_every'={cfg.trainer.eval_every} must be >= 0 (0: only at the start and the end).")
     _check_rope(m.rope_scaling)
+    _check_optimizer(cfg.optimizer)
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
     _check_profile(cfg.trainer.profile, cfg.trainer.steps)
@@ -119,6 +122,24 @@ def _check_algorithm(cfg: DictConfig) -> None:
     if cfg.data.share_prompt and not schema.shared_prompt_rows:
         raise ConfigError(f"'data.share_prompt'=true lays pairs out for algorithm=dpo; algorithm="
                           f"{cfg.algorithm.name!r} reads separate chosen and rejected rows (set data.share_prompt=false).")
+
+
+UNIT_INTERVAL = ("b1", "b2", "momentum")  # `optimizer.extra` knobs of the shipped chains, in [0, 1)
+
+
+def _check_optimizer(o: DictConfig) -> None:
+    """The named knobs that every shipped chain reads, and the `extra` ones it knows."""
+    if not o.clip_norm > 0:  # optax would scale every gradient by clip_norm / norm: 0 zeroes them, < 0 flips them
+        raise ConfigError(f"'optimizer.clip_norm'={o.clip_norm} must be > 0, the largest global gradient norm "
+                          "kept (TRL max_grad_norm); optimizer.clip_norm=inf clips nothing.")
+    for key in ("lr", "weight_decay", "warmup_steps"):
+        if o[key] < 0:
+            raise ConfigError(f"'optimizer.{key}'={o[key]} must be >= 0.")
+    for key in UNIT_INTERVAL:
+        if key in o.extra and not 0 <= o.extra[key] < 1:
+            raise ConfigError(f"'optimizer.extra.{key}'={o.extra[key]} must be in [0, 1) (a decay rate).")
+    if "eps" in o.extra and not o.extra.eps > 0:
+        raise ConfigError(f"'optimizer.extra.eps'={o.extra.eps} must be > 0.")
 
 
 def _check_data(d: DictConfig) -> None:

@@ -83,6 +83,22 @@ def test_data_config_mistakes_fail_before_compute():
         ["algorithm=rm", "data=jsonl_prefs", "data.share_prompt=true", "data.max_completion_len=8"])
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["optimizer.clip_norm=0"], ["'optimizer.clip_norm'=0.0 must be > 0", "clip_norm=inf clips nothing"]),  # zeroed every update
+    (["optimizer.clip_norm=-1"], ["'optimizer.clip_norm'=-1.0 must be > 0"]),  # flipped every gradient
+    (["optimizer.lr=-1e-3"], ["'optimizer.lr'=-0.001 must be >= 0"]),  # gradient ascent
+    (["optimizer.weight_decay=-0.1"], ["'optimizer.weight_decay'=-0.1 must be >= 0"]),
+    (["optimizer.warmup_steps=-3"], ["'optimizer.warmup_steps'=-3 must be >= 0"]),
+    (["optimizer.extra.b2=1.5"], ["'optimizer.extra.b2'=1.5 must be in [0, 1)"]),
+    (["optimizer=sgd", "optimizer.extra.momentum=1"], ["'optimizer.extra.momentum'=1 must be in [0, 1)"]),
+    (["optimizer.extra.eps=0"], ["'optimizer.extra.eps'=0 must be > 0"]),
+    (["trainer.eval_every=-5"], ["'trainer.eval_every'=-5 must be >= 0"]),
+])
+def test_optimizer_and_cadence_values_that_trained_silently_wrong_are_refused(argv, words):
+    msg = error_of(argv)
+    assert all(w in msg for w in words), msg
+
+
 def test_the_algorithm_says_which_data_it_reads():
     msg = error_of(["data=jsonl_prefs"])
     assert "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text records" in msg
