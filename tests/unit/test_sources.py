@@ -93,6 +93,32 @@ def test_grain_shuffle_and_pickle(data, kind):
     assert [clone[i] for i in (0, 13, 19)] == [src[i] for i in (0, 13, 19)]
 
 
+class CountedParquet(FILE_SOURCES["parquet"]):
+    """The Parquet source, counting the row groups it reads from disk."""
+
+    def __init__(self, paths: list[str]):
+        super().__init__(paths)
+        self.loads = 0
+
+    def _load(self, what):
+        self.loads += 1
+        return super()._load(what)
+
+
+def test_a_shuffled_parquet_epoch_reads_each_row_group_once_within_the_cache_budget(data):
+    """7 row groups in two files: two shuffled epochs read each group from disk once (a cache of
+    4 groups reloaded about every other record); over the byte budget the oldest group goes."""
+    paths = expand_paths(data["parquet"][0])
+    order = [i for seed in (0, 1) for i in grain.MapDataset.range(len(RECORDS)).shuffle(seed=seed)]
+    group = [*(i // 3 for i in range(11)), *(4 + i // 3 for i in range(9))]  # row_group_size=3 in each file
+    src = CountedParquet(paths)
+    assert [strip(src[i]) for i in order] == [RECORDS[i] for i in order] and src.loads == 7
+    one = CountedParquet(paths)
+    one.cache_bytes = 1  # one group at a time: every change of group reloads
+    assert [strip(one[i]) for i in order] == [RECORDS[i] for i in order]
+    assert one.loads == 1 + sum(group[a] != group[b] for a, b in zip(order, order[1:], strict=False))
+
+
 def test_malformed_arrayrecord_record_names_file_and_record(tmp_path):
     path = str(tmp_path / "bad.array_record")
     good = [json.dumps(r).encode() for r in RECORDS[:3]]
