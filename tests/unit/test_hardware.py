@@ -149,6 +149,7 @@ def test_a_probe_beside_processes_that_keep_every_core_busy_is_marked_busy(tmp_p
     finally:
         for p in spinners:
             p.kill()
+            p.wait()
     assert json.load(open(path))["busy"] is True
 
 
