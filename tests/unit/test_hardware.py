@@ -150,7 +150,9 @@ def test_a_probe_beside_processes_that_keep_every_core_busy_is_marked_busy(tmp_p
         for p in spinners:
             p.kill()
             p.wait()
-    assert json.load(open(path))["busy"] is True
+            p.stdout.close()
+    with open(path) as f:
+        assert json.load(f)["busy"] is True
 
 
 def test_mfu_metrics():
