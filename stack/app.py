@@ -24,6 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.collector import frozen_imports
 from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
+from stack.launch_slurm import check_submit_host
 from stack.launcher import end_failed_rank, launcher_for, one_of_several
 from stack.jobstatus import write_status
 from stack.report import FAILED_JOBS
@@ -138,6 +139,7 @@ def preflight(argv: list[str]) -> DictConfig | None:
     args = hydra._internal.utils.get_args_parser().parse_args(last_wins(argv))
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None
+    check_submit_host(args.overrides)
     cfg = None
     with initialize_config_module(CONFIG_MODULE, version_base=None):
         for overrides in _override_sets(args.overrides):

@@ -8,10 +8,13 @@ process id = the task's global rank; it exports them as the STACK_* variables th
 """
 
 import os
+import shutil
 import zlib
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+
+from stack.errors import ConfigError
 
 
 def submitit_ranks() -> tuple[str, int, int] | None:
@@ -33,6 +36,15 @@ def export_ranks() -> None:
     if ranks is not None and not os.environ.get("STACK_COORDINATOR"):
         coordinator, n, rank = ranks
         os.environ.update(STACK_COORDINATOR=coordinator, STACK_NUM_PROCESSES=str(n), STACK_PROCESS_ID=str(rank))
+
+
+def check_submit_host(overrides: list[str]) -> None:
+    """`hydra/launcher=slurm` away from SLURM (no `srun` on PATH, which submitit requires): one
+    paragraph instead of submitit's traceback."""
+    if "hydra/launcher=slurm" in overrides and shutil.which("srun") is None:
+        raise ConfigError("hydra/launcher=slurm submits each job to SLURM (sbatch), but this machine has no 'srun' "
+                          "on PATH: run the command on the cluster's login node. On this machine the same sweep "
+                          "runs with hydra/launcher=joblib (parallel jobs here) or hydra/launcher=submitit_local.")
 
 
 def register_slurm() -> None:

@@ -9,6 +9,8 @@ import submitit
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from stack.app import preflight
+from stack.errors import ConfigError
 from stack.launch_slurm import export_ranks, submitit_ranks
 
 SLURM = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8", "SLURM_PROCID": "5",
@@ -84,3 +86,15 @@ def test_the_slurm_launcher_writes_a_multi_node_sbatch_array(env, tmp_path):
     assert "export SUBMITIT_EXECUTOR=slurm" in lines
     srun = next(line for line in lines if line.startswith("srun "))
     assert srun.endswith(f"-u -m submitit.core._submit {sweep}/.submitit/%j"), srun
+
+
+def test_the_slurm_launcher_away_from_slurm_is_one_paragraph(env, tmp_path):
+    """No `srun` on PATH: the README's SLURM command printed submitit's 30-line traceback."""
+    argv = ["-m", "+recipe=llama_sft", "hydra/launcher=slurm", "hydra.launcher.nodes=4", "hydra.launcher.partition=gpu"]
+    env.setenv("PATH", str(tmp_path))  # no srun
+    with pytest.raises(ConfigError, match="no 'srun' on PATH: run the command on the cluster's login node") as info:
+        preflight(argv)
+    assert "\n" not in str(info.value) and "hydra/launcher=joblib" in str(info.value)
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "srun").chmod(0o755)
+    assert preflight(argv).trainer.steps == 400  # on a login node
