@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_module
 
 from rows import emit  # bench/ is on sys.path when run as a script
 from stack.checkpoint import Checkpointer
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.trainer.checkpointing import Checkpointing
 from stack.trainer.nonfinite import NonFinite
 

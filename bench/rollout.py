@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_module
 
 from rows import emit  # bench/ is on sys.path when run as a script
 from step_overhead import bench_args
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.rollout import Sampling, generate
 
 SIZES = {

@@ -23,7 +23,8 @@ from stack.cache import machine_file
 from stack.hardware import check_platform, peak_flops_per_device, train_flops_per_token
 from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.hf import load_hf_weights
-from stack.models.llama import abstract_model, init_model, unfuse
+from stack.models.init import abstract_model, init_model
+from stack.models.llama import unfuse
 from stack.parallel import check_layout, logical_rules, make_mesh
 from stack.quant.providers import Lora, NoQuantization, Qat, make_quantization
 from stack.rewards import RewardRunner, make_rewards

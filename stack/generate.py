@@ -28,7 +28,7 @@ def load(path: str):
     if os.path.isfile(os.path.join(path, "config.json")):
         from stack.models.hf import load_hf_weights
         from stack.models.hf_config import hf_config_to_model
-        from stack.models.llama import abstract_model
+        from stack.models.init import abstract_model
 
         with open(os.path.join(path, "config.json")) as f:
             cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(json.load(f)))

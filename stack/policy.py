@@ -32,7 +32,7 @@ def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, 
     """(the policy as a plain float Llama or a PTQ model, the run's config, the `Saved` step read)."""
     from stack.build import initial_model
     from stack.checkpoint import assign_params, read_params
-    from stack.models.llama import init_model
+    from stack.models.init import init_model
     from stack.quant.providers import make_quantization
 
     cfg = run_config(checkpoints)
@@ -53,7 +53,7 @@ def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, 
 def float_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, DictConfig, Any]:
     """`load_policy`, with a PTQ model's weights dequantized into a plain float Llama (for export)."""
     from stack.checkpoint import assign_params
-    from stack.models.llama import init_model
+    from stack.models.init import init_model
     from stack.quant.providers import make_quantization
 
     model, cfg, saved = load_policy(checkpoints, step)

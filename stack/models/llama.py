@@ -10,17 +10,13 @@ wraps each decoder layer in `nnx.remat` (the backward recomputes it; `dots` keep
 Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens' keys and values
 into the cache's slots, attends over each query's valid slots, returns (logits, cache); stack.models.kv_cache.
 
-Building: in flax 0.12 eager sharding is on by default, so `Llama(cfg, rngs=...)` and even
-`nnx.eval_shape(lambda: Llama(...))` raise "An auto mesh context ... is required" unless a mesh is
-active. `init_model(cfg, seed)` (one jitted init) and `abstract_model(cfg)` (`nnx.eval_shape`) shard
-eagerly under a mesh (`jax.set_mesh` + `nnx.logical_axis_rules`), else build under
-`nnx.use_eager_sharding(False)`; the metadata is kept either way.
+Building (initialised or shape-only, sharded at creation under a mesh): stack.models.init.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -144,12 +140,17 @@ class Block(nnx.Module):
         return x + self.mlp(self.mlp_norm(x)), kv
 
 
+def head_dim_of(cfg: Any) -> int:
+    """The attention head size: `head_dim`, or d_model / n_heads when unset."""
+    return cfg.head_dim or cfg.d_model // cfg.n_heads
+
+
 class Llama(nnx.Module):
     """Llama decoder: tokens [B, T] int32 -> float32 logits [B, T, vocab_size]."""
 
-    def __init__(self, cfg: Any, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Any, *, rngs: nnx.Rngs, layers: Optional[Callable[[nnx.Rngs], list]] = None):
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-        head_dim = cfg.head_dim or cfg.d_model // cfg.n_heads
+        head_dim = head_dim_of(cfg)
         if head_dim % 2:
             raise ValueError(f"head_dim={head_dim} must be even for RoPE")
         self.dtype = dtype
@@ -161,7 +162,8 @@ class Llama(nnx.Module):
         embed_init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), ("vocab", "embed"))
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=pdtype,
                                embedding_init=embed_init, rngs=rngs)
-        self.layers = nnx.List([Block(cfg, head_dim, rngs=rngs) for _ in range(cfg.n_layers)])
+        make = layers or (lambda r: [Block(cfg, head_dim, rngs=r) for _ in range(cfg.n_layers)])
+        self.layers = nnx.List(make(rngs))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs)
         if not self.tie_embeddings:
             self.lm_head = _linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg, rngs)
@@ -239,58 +241,8 @@ class Llama(nnx.Module):
         mask = valid[:, None, :] & (slots[None, None, :] <= queries[None, :, None])
         rope = rope_tables(positions, np.asarray(self.inv_freq, np.float32))
         x, keys, values = self.embed(tokens), [], []
-        for layer, k, v in zip(self.layers, cache.k, cache.v):
+        for layer, k, v in zip(self.layers, cache.k, cache.v, strict=True):
             x, (k, v) = layer(x, rope, mask, (k, v, cache.index))
             keys.append(k)
             values.append(v)
         return self.head(x), KVCache(tuple(keys), tuple(values), valid, cache.index + t)
-
-
-def _eager_sharding() -> nnx.use_eager_sharding:
-    """Shard parameters at creation only when a mesh is active (flax 0.12 otherwise raises)."""
-    return nnx.use_eager_sharding(not jax.sharding.get_abstract_mesh().empty)
-
-
-def _build(cfg: Any, seed: int) -> Llama:
-    """Construct inside a trace, with the Rngs counters held in array refs.
-
-    With plain counters every key draw in a trace costs O(trace length) (flax's
-    `Variable.set_value` reads a tracer's `.sharding`, whose error message scans the whole
-    jaxpr), so tracing a 70B build takes ~7 s instead of ~1 s.
-    """
-    with nnx.var_defaults(ref=True):
-        rngs = nnx.Rngs(seed)
-    return Llama(cfg, rngs=rngs)
-
-
-# XLA:CPU compiles the init at LLVM -O1: the bits of the default -O2 (tiny to Llama 3 1B), as fast to
-# run, ~1/3 less compile time (tiny 1.10 -> 0.71 s, d_model 512 1.42 -> 1.05 s); -O0 changes last bits.
-CPU_INIT_OPTIONS = {"xla_backend_optimization_level": 1}
-
-
-def init_model(cfg: Any, seed: int) -> Llama:
-    """Initialise a Llama from `cfg` with `nnx.Rngs(seed)` in one jitted program: under a mesh each
-    parameter is created with its sharding, never whole on one device. Same random streams as eager
-    `Llama(cfg, rngs=nnx.Rngs(seed))` (equal up to float rounding of the fused initializers)."""
-    graphdef = None
-
-    def state() -> nnx.State:
-        nonlocal graphdef  # static: the module's structure, read while tracing
-        graphdef, variables = nnx.split(_build(cfg, seed))
-        return variables
-
-    with _eager_sharding():
-        variables = jax.jit(state, compiler_options=CPU_INIT_OPTIONS if jax.default_backend() == "cpu" else None)()
-    return nnx.merge(graphdef, variables)
-
-
-def abstract_model(cfg: Any) -> Llama:
-    """Shape-only Llama (ShapeDtypeStruct leaves, sharding metadata kept); allocates nothing."""
-    with _eager_sharding():
-        return nnx.eval_shape(lambda: _build(cfg, 0))
-
-
-def param_count(cfg: Any) -> int:
-    """Number of parameters of the model described by `cfg`, without allocating them."""
-    params = nnx.state(abstract_model(cfg), nnx.Param)
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(params))

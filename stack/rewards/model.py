@@ -56,7 +56,7 @@ class ModelReward:
     def load(self, abstract: bool = False) -> RewardScorer:
         """The reward model with its trained params (shape-only when `abstract`: mode=compile)."""
         from stack.checkpoint import assign_params
-        from stack.models.llama import abstract_model
+        from stack.models.init import abstract_model
         from stack.policy import load_policy
 
         model_cfg = self.run_config().model

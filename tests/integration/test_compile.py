@@ -147,7 +147,7 @@ def test_dpo_step_compiles_for_cpu(capsys):
     # resident beside the train state: the reference copy; precomputed or LoRA: no second copy.
     # Every program's arguments: params + Adam (2x) + the frozen modules + the data; LoRA: the
     # base once plus small adapters; QLoRA: 4-bit projections (llama_tiny is embedding-heavy).
-    from stack.models.llama import param_count
+    from stack.models.init import param_count
 
     reference_gib = param_count(make_cfg(["+recipe=llama_dpo"]).model) * 4 / GiB
     assert frozen["copy"] == pytest.approx(reference_gib, rel=0.05), frozen
@@ -196,7 +196,7 @@ def test_ppo_scored_by_a_reward_model_holds_it_frozen_at_its_own_size(tmp_path, 
     the RM (here 3 layers, the policy 2) is a frozen module of its own exact size."""
     from omegaconf import OmegaConf
 
-    from stack.models.llama import param_count
+    from stack.models.init import param_count
 
     rm = make_cfg(["algorithm=rm", "data=jsonl_prefs", "model.n_layers=3"])
     (tmp_path / "rm").mkdir()

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers", reason="the reference needs t
 
 from stack.checkpoint import load_params  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
-from stack.models.llama import init_model  # noqa: E402
+from stack.models.init import init_model  # noqa: E402
 from tests.conftest import make_cfg, run_cli  # noqa: E402
 
 RUN = ["+recipe=llama_sft", "trainer.log_every=5", "trainer.eval_every=0", "trainer.eval_batches=2",

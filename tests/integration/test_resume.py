@@ -206,7 +206,7 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
 
     from stack.algorithms.base import Context
     from stack.algorithms.dpo import DPO
-    from stack.models.llama import init_model
+    from stack.models.init import init_model
     from stack.quant.providers import NoQuantization
     from tests.conftest import make_cfg
 

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from stack.cpu_dispatch import ARENA_HEAP_BYTES, async_dispatch, configure_cpu_dispatch, step_rows, step_temp_bytes
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from tests.conftest import make_cfg
 
 MEDIUM = ["model.d_model=512", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1408",

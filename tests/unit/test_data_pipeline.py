@@ -117,7 +117,7 @@ def test_packed_loss_equals_unpacked_loss(tmp_path):
     """The model does not attend across segments: packed rows give each example's own loss."""
     import jax
     from stack.algorithms.sft import SFT
-    from stack.models.llama import init_model
+    from stack.models.init import init_model
 
     path = write_jsonl(tmp_path / "d.jsonl", problems(12, start=95))
     cfg = make_cfg(["data=jsonl_sft", f"data.path={path}", "data.seq_len=24", "data.shuffle=false"])

@@ -13,7 +13,7 @@ from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
 from stack.data.encode import Encoder
 from stack.data.tokenizers import ByteTokenizer
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.quant.providers import NoQuantization
 from stack.schema import shipped_data
 from tests.conftest import FixedLogits, loss_of, make_cfg, models

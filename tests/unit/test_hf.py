@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
 from stack.models.hf import export_hf, load_hf_weights  # noqa: E402
 from stack.models.hf_config import check_config, hf_config_to_model  # noqa: E402
-from stack.models.llama import abstract_model  # noqa: E402
+from stack.models.init import abstract_model  # noqa: E402
 from stack.schema.model import ModelConfig, RopeScalingConfig  # noqa: E402
 from tests.conftest import fake_devices  # noqa: E402
 
@@ -90,7 +90,7 @@ import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from stack.models.hf import load_hf_weights
-from stack.models.llama import abstract_model, init_model
+from stack.models.init import abstract_model, init_model
 from stack.schema.model import ModelConfig
 cfg = ModelConfig(**json.loads(sys.argv[2]))
 mesh = jax.make_mesh((2, 2), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)

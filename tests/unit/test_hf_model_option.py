@@ -99,7 +99,7 @@ def test_rope_scaling_keys_are_typed_and_checked():
 def test_dpo_reference_from_a_hugging_face_dir(hf_dir):
     from stack.algorithms.base import Context
     from stack.algorithms.dpo import DPO
-    from stack.models.llama import init_model
+    from stack.models.init import init_model
     from stack.quant.providers import NoQuantization
 
     path, hf = hf_dir

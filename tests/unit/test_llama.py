@@ -1,6 +1,7 @@
 """Llama model against independent references: published parameter counts, Meta's RoPE
 scaling formula, and a float64 NumPy forward pass written here from the same weights."""
 
+import logging
 import math
 
 import jax
@@ -11,7 +12,8 @@ from flax import nnx
 
 from tests.conftest import make_cfg
 
-from stack.models.llama import Llama, abstract_model, init_model, param_count, unfuse
+from stack.models.init import abstract_model, init_model, param_count
+from stack.models.llama import Llama, unfuse
 from stack.models import modules
 from stack.models.modules import copy_module
 from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
@@ -150,16 +152,27 @@ def test_init_model():
     assert not nnx.state(model, nnx.RngState)  # no generator state kept in the model
 
 
-def test_init_at_llvm_o1_draws_the_same_bits_as_the_default_compile():
-    """XLA:CPU compiles the init at -O1 (faster to compile); the reference: the same build,
-    jitted with XLA's default options."""
-    cfg = tiny_cfg(init_std=0.05)
+@pytest.mark.parametrize("layers,tie,leaves", [(2, False, 21), (3, True, 29)])
+def test_init_draws_the_bits_of_one_program_building_the_whole_model(layers, tie, leaves):
+    """init_model runs a program without the layers, then one per layer at -O1 (XLA:CPU); the
+    reference: the whole build as one program, jitted with XLA's default options."""
+    cfg = tiny_cfg(init_std=0.05, n_layers=layers, tie_embeddings=tie)
     with nnx.use_eager_sharding(False):
         reference = nnx.jit(lambda: Llama(cfg, rngs=nnx.Rngs(3)))()
     ours, theirs = (jax.tree.leaves(nnx.state(m)) for m in (init_model(cfg, 3), reference))
-    assert len(ours) == len(theirs) == 21  # 2 layers x 9, embed, norm, lm_head
+    assert len(ours) == len(theirs) == leaves  # layers x 9, embed, norm (, lm_head)
     for a, b in zip(ours, theirs, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_init_compiles_one_layer_program_whatever_the_depth(caplog):
+    """(A shape no other test builds, so no program is cached in this process already.)"""
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        model = init_model(tiny_cfg(d_model=48, n_layers=5), 0)
+    compiled = [r.getMessage() for r in caplog.records if "XLA compilation of jit(" in r.getMessage()]
+    assert sum("jit(one_layer)" in m for m in compiled) == 1 and len(model.layers) == 5, compiled
+    assert not np.allclose(np.asarray(model.layers[0].attn.q_proj.kernel[...]),
+                           np.asarray(model.layers[4].attn.q_proj.kernel[...]))
 
 
 def test_copy_module_gives_each_array_its_own_equal_buffer_and_keeps_shape_only_leaves(monkeypatch):

@@ -10,7 +10,7 @@ from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, sequence_logps
 from stack.build import build
 from stack.errors import ConfigError
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.quant.providers import make_quantization
 from stack.trainer import Trainer
 from stack.validate import validate

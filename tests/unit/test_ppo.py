@@ -14,7 +14,7 @@ from stack.algorithms.base import Context, ratio
 from stack.algorithms.ppo import PPO, rewards_per_token
 from stack.data.tokenizers import ByteTokenizer
 from stack.models.heads import Critic, ScalarHead
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.quant.providers import NoQuantization
 from stack.schema.model import ModelConfig
 from stack.step import Models

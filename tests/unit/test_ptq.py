@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from stack.errors import ConfigError
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.quant import ptq
 from stack.quantize import ptq_config, write_checkpoint
 from tests.conftest import make_cfg

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from stack.errors import ConfigError
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.quant.providers import make_quantization, unquantized
 from stack.validate import validate
 from tests.conftest import make_cfg
@@ -154,7 +154,7 @@ def test_compile_footprint_counts_packed_codes_and_scales(option, weight_bits):
     quantized weight; the float comparison is the plain model's params (float32) and Adam's 2x."""
     from stack.build import build
     from stack.compile import abstract_run
-    from stack.models.llama import param_count
+    from stack.models.init import param_count
     from stack.quant.footprint import footprint
 
     exp = build(make_cfg([f"quantization={option}", "quantization.rules.0.tile_size=16"] if option != "none"

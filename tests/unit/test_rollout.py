@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from stack.models.kv_cache import init_cache
-from stack.models.llama import init_model
+from stack.models.init import init_model
 from stack.rollout import Sampling, filter_logits, generate, sample_keys, sample_token
 from tests.conftest import make_cfg
 
