@@ -23,10 +23,10 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.collector import frozen_imports
-from stack.errors import ConfigError, RunFailed, bad_choice, short, unknown_key, wrong_type
+from stack.errors import ConfigError, RunDirRefused, RunFailed, bad_choice, short, unknown_key, wrong_type
 from stack.launch_slurm import check_submit_host
 from stack.launcher import end_failed_rank, launcher_for, one_of_several
-from stack.jobstatus import write_status
+from stack.jobstatus import FILE, REFUSED, write_status
 from stack.report import FAILED_JOBS
 from stack.models.hf_config import take_architecture
 from stack.rundir import creatable
@@ -199,7 +199,9 @@ def hydra_task(cfg: DictConfig) -> Any:
             raise
         job = cfg.get("run_dir") or HydraConfig.get().runtime.output_dir
         if os.environ.get("STACK_PROCESS_ID", "0") == "0":  # read back by stack.report at the sweep's end
-            write_status(job, "failed", error=f"{type(exc).__name__}: {short(str(exc), 2000)}")
+            refused = isinstance(exc, RunDirRefused)  # the dir's own run keeps its status.json
+            write_status(job, "refused" if refused else "failed", file=REFUSED if refused else FILE,
+                         error=f"{type(exc).__name__}: {short(str(exc), 2000)}")
         traceback.print_exc()
         print(f"job failed, the sweep goes on: {job}", file=sys.stderr)
         return None

@@ -27,6 +27,7 @@ from stack.models.init import abstract_model, init_model
 from stack.models.llama import unfuse
 from stack.parallel import check_layout, logical_rules, make_mesh
 from stack.quant.providers import Lora, NoQuantization, Qat, make_quantization
+from stack.rundir import check_not_completed
 from stack.rewards import RewardRunner, make_rewards
 from stack.rewards.model import ModelReward
 from stack.targets import check_targets
@@ -154,7 +155,10 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
         return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
                           flops, 0.0, rewards=rewards)
     checkpointer = Checkpointer(cfg, run_dir)
-    wandb_id = (checkpointer.latest_meta() or {}).get("wandb_id")  # a resumed run continues its wandb run
+    meta = checkpointer.latest_meta()  # a config the checkpoint refuses fails here, before the run dir is written
+    if meta is None:
+        check_not_completed(run_dir)
+    wandb_id = (meta or {}).get("wandb_id")  # a resumed run continues its wandb run
     sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,

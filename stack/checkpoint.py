@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from omegaconf import DictConfig, OmegaConf
 
 from stack.checkpoint_errors import aborted_write, check_format, writing
-from stack.errors import ConfigError
+from stack.errors import ConfigError, RunDirRefused
 from stack.quant.config import has_adapters, is_post_training
 
 # Config keys whose change would make a resumed run compute something else; the rest
@@ -148,7 +148,7 @@ class Checkpointer:
         if self.resume == "never":
             for tier in self.tiers:
                 if tier.manager.all_steps():
-                    raise ConfigError(
+                    raise RunDirRefused(
                         f"'checkpoint.resume'=never but {tier.path} already holds steps "
                         f"{tier.manager.all_steps()}; use a new run dir or checkpoint.path, or resume=auto."
                     )
@@ -207,12 +207,20 @@ class Checkpointer:
             )
 
     def latest_meta(self) -> dict[str, Any] | None:
-        """The `meta` of the newest readable step (read before the loggers: it holds the wandb id)."""
-        for step, _, manager in self._candidates():
+        """The `meta` of the newest readable step, its layout and config checked against this run's
+        (read in `build`, before the loggers and before the run dir's config.yaml is replaced, so a
+        run that cannot resume writes nothing; the meta holds the wandb id)."""
+        for step, path, manager in self._candidates():
             try:
-                return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+                meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
             except Exception:
                 continue
+            try:
+                check_format(meta, f"{path}/{step}", FORMAT)
+                self._check_config(meta, f"{path}/{step}")
+            except ConfigError as exc:
+                raise RunDirRefused(str(exc)) from None
+            return meta
         return None
 
     def close(self) -> None:

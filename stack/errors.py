@@ -8,6 +8,11 @@ class ConfigError(Exception):
     """A config that cannot run. Its message is shown as is, without a traceback."""
 
 
+class RunDirRefused(ConfigError):
+    """The run dir belongs to another run (in use, completed, or checkpoints this config cannot
+    resume): the job leaves it as it is, its status.json included."""
+
+
 class RunFailed(Exception):
     """A run that stopped for a reason the user must act on (e.g. a NaN loss): one paragraph, exit 1."""
 

@@ -3,7 +3,7 @@ the objective's final and best value, status, wall time), sorted by the objectiv
 `summary.csv` and `curves.png` (the objective per job over steps) into the sweep dir, and for an
 Optuna sweep (`optuna.db` there) `optuna_history.png` and `optuna_importances.png`.
 `SweepReport` runs it at the end of every multirun (a Hydra callback in conf/config.yaml) and
-collects the failed jobs (their `status.json`) into FAILED_JOBS for the exit code.
+collects the failed jobs (their `status.json`, or a rerun's `refused.json`) into FAILED_JOBS for the exit code.
 """
 
 import argparse
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
-from stack.jobstatus import read_status
+from stack.jobstatus import job_outcome
 
 FAILED_JOBS: list[str] = []
 MAXIMIZED = ("accurac", "reward", "margin", "score")  # metric names whose larger values are better
@@ -55,7 +55,7 @@ def read_job(job_dir: str, metric: str | None) -> Job:
     """A job of a sweep from its `.hydra/overrides.yaml`, `status.json` and `metrics.jsonl`."""
     with open(os.path.join(job_dir, ".hydra", "overrides.yaml")) as f:
         overrides = dict(o.split("=", 1) for o in yaml.safe_load(f) or [] if "=" in o)
-    status = read_status(job_dir) or {"status": "unfinished"}
+    status = job_outcome(job_dir)
     metric = metric or status.get("objective")
     curve = [(r["step"], r[metric]) for r in _rows(os.path.join(job_dir, "metrics.jsonl"))
              if metric in r and isinstance(r[metric], (int, float)) and math.isfinite(r[metric])]
@@ -208,7 +208,7 @@ class SweepReport(Callback):
         except SystemExit:
             return  # no job ran (e.g. interrupted before the first)
         FAILED_JOBS.extend(f"{sweep_dir}/{j.name}: {j.error or j.status}" for j in jobs
-                           if j.status in ("failed", "unfinished", "stopped_nonfinite"))
+                           if j.status in ("failed", "refused", "unfinished", "stopped_nonfinite"))
         print(report(sweep_dir), flush=True)
         logger = config.get("logger")
         if logger is not None and logger.get("wandb") and logger.get("mode") != "disabled":

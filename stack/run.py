@@ -50,9 +50,12 @@ def check(cfg: DictConfig) -> None:
 
 def describe(s: Summary, objective: str) -> str:
     """The one-line account of a finished run: its objective from the first eval to the last."""
+    value, start = s.metric(objective), s.eval_at_start.get(objective)
+    if s.first_step > s.final_step:  # resumed at (or past) trainer.steps
+        return (f"done: nothing to train, the checkpoint is at step {s.final_step} (raise trainer.steps to go on) | "
+                f"{objective} {value if value is None else f'{value:.4f}'} | {s.run_dir}")
     resumed = f" (resumed after step {s.first_step - 1})" if s.first_step > 1 else ""
     perf = s.perf
-    value, start = s.metric(objective), s.eval_at_start.get(objective)
     change = f"{start:.4f} -> " if start is not None else ""
     return (f"done: {s.final_step} steps{resumed} in {perf.get('seconds', 0.0):.1f}s "
             f"(compile {perf.get('compile_seconds', 0.0):.2f}s) | train/loss {s.train.get('train/loss', math.nan):.4f} | "
@@ -72,10 +75,10 @@ def train_run(cfg: DictConfig) -> Summary:
 
 
 def _train_in(cfg: DictConfig, run_dir: str, group: str | None, name: str | None) -> Summary:
+    exp = build(cfg, run_dir, group=group, name=name)  # refuses a run that cannot resume there: nothing written yet
     if jax.process_index() == 0:
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
             f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    exp = build(cfg, run_dir, group=group, name=name)
     summary = None
     try:
         summary = train(exp)

@@ -13,7 +13,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from stack.errors import ConfigError
+from stack.errors import ConfigError, RunDirRefused
+from stack.jobstatus import read_status
 
 LOCK = ".lock"
 
@@ -28,7 +29,7 @@ def owned(run_dir: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(
+            raise RunDirRefused(
                 f"run_dir {run_dir!r} is in use by {previous or 'another process'}: a run dir has one "
                 "owner. Wait for that run to end (or stop it), or give this one another run_dir=PATH.") from None
         held = True
@@ -50,3 +51,16 @@ def creatable(path: str, key: str) -> None:
     except OSError as exc:
         raise ConfigError(f"'{key}'={path!r} cannot be created ({exc.strerror or exc}): point it at a directory "
                           "you can write, e.g. under your home or the current directory.") from None
+
+
+def check_not_completed(run_dir: str) -> None:
+    """Refuse to start over in a run dir whose run completed (its status.json) when this run has no
+    checkpoint to resume from: it would replace that run's config.yaml and status.json and add
+    its rows to that run's metrics.jsonl."""
+    status = read_status(run_dir) or {}
+    if status.get("status") == "completed":
+        raise RunDirRefused(
+            f"run_dir {run_dir!r} holds a completed run (status.json: step {status.get('step')}) and this run has "
+            "no checkpoint there to resume from (checkpoint=none, or that run saved none), so it would start over "
+            "on top of it, overwriting its config.yaml and metrics.jsonl. Give this run another run_dir=PATH, or "
+            "delete that directory first.")

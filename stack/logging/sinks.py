@@ -11,7 +11,7 @@ class Sink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def rewind(self, step: int) -> None:
-        """A resumed run continues after `step`: forget what was logged after it."""
+        """A run continues after `step` (-1: it starts over): forget what was logged after it."""
         ...
 
     def close(self, summary: dict[str, float] | None = None) -> None:
@@ -32,7 +32,7 @@ class JsonlSink:
         self._f.flush()
 
     def rewind(self, step: int) -> None:
-        """Drop rows after `step` (logged by a killed run after its last checkpoint)."""
+        """Drop rows after `step` (logged by a killed run after its last checkpoint; -1: every row)."""
         self._f.close()
         with open(self.path) as f:
             keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]

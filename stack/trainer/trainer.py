@@ -178,9 +178,9 @@ class Trainer:
             batches, evals = attach_columns(exp, run.columns)
             self.feed.use(batches)
             run.eval_batches, run.frozen = [global_batch([b], self.sharding) for b in evals], None
+        for sink in exp.sinks:  # rows a killed run logged after its newest checkpoint (all: it saved none)
+            sink.rewind(restored.step if restored else -1)
         if restored:
             self.feed.restore(restored.data)
-            for sink in exp.sinks:
-                sink.rewind(restored.step)
             print(f"resumed from {restored.where}", flush=True)
         return run

@@ -75,6 +75,13 @@ def test_multirun_grid_of_four(tmp_path):
     lrs = sorted(yaml.safe_load(open(tmp_path / "sweep" / d / "config.yaml"))["optimizer"]["lr"] for d in dirs)
     assert lrs == [3e-4, 3e-4, 1e-3, 1e-3]
     assert res.stdout.count("done:") == 4
+    job = tmp_path / "sweep" / "0"  # the same sweep again, its first job only: no checkpoint to resume it from
+    written = {name: (job / name).read_text() for name in ("config.yaml", "metrics.jsonl", "status.json")}
+    again = run_cli(["-m", "optimizer.lr=1e-3", "seed=0", "trainer.steps=2", f"hydra.sweep.dir={tmp_path}/sweep"] + SMALL,
+                    cwd=str(tmp_path))
+    assert again.returncode == 1 and "holds a completed run" in again.stderr, again.stderr[-3000:]
+    assert {name: (job / name).read_text() for name in written} == written  # its status.json says completed still
+    assert "holds a completed run" in again.stderr.split("job(s) failed")[1] and (job / "refused.json").is_file()
 
 
 def test_task_returns_the_objective(tmp_path):

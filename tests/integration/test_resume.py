@@ -123,10 +123,13 @@ def test_corrupt_newest_step_is_skipped_and_config_changes_are_refused(tmp_path,
     meta, state = saved.meta, saved.state
     assert meta["step"] == 30 and meta["resolved_config"]["trainer"]["steps"] == 30 and meta["format"] == 2
     assert int(state["step"]) == 30 and np.asarray(state["key"]).shape == (2,)  # the TrainState's step and key
+    written = {name: (run_dir / name).read_text() for name in ("config.yaml", "metrics.jsonl", "status.json")}
     changed = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}", "model.d_ff=96", "optimizer.lr=0.01"],
                       cwd=str(tmp_path))
     assert changed.returncode == 2
     assert "model.d_ff: 176 -> 96" in changed.stderr and "optimizer.lr: 0.003 -> 0.01" in changed.stderr
+    # refused before it wrote: config.yaml still describes the checkpoints (reward=model and exports read it)
+    assert {name: (run_dir / name).read_text() for name in written} == written
     for root, _, files in os.walk(run_dir / "checkpoints" / "30" / "state"):
         for name in files:
             if "ocdbt.process_0" in root and name != "manifest.ocdbt":

@@ -3,13 +3,14 @@ search space from Hydra's sweep syntax."""
 
 import csv
 import json
+import os
 
 import optuna.distributions as d
 import pytest
 import yaml
 
 from stack.errors import ConfigError
-from stack.jobstatus import write_status
+from stack.jobstatus import FILE, REFUSED, write_status
 from stack.report import read_sweep, report, table
 from stack.sweeper import search_space
 
@@ -43,6 +44,16 @@ def test_table_sorts_by_the_objective_and_shows_only_varying_overrides(tmp_path)
         rows = list(csv.DictReader(f))
     assert [(r["job"], r["algorithm.beta"], r["status"]) for r in rows] == [
         ("1", "0.5", "completed"), ("0", "0.1", "completed"), ("2", "0.9", "unfinished"), ("10", "0.3", "failed")]
+
+
+def test_a_refused_rerun_shows_until_the_dirs_run_writes_its_status_again(tmp_path):
+    job(tmp_path, "0", ["seed=0"], "eval/loss", [3.0, 2.0], "completed")
+    os.utime(tmp_path / "0" / FILE, (1e9, 1e9))  # written long before the rerun
+    write_status(str(tmp_path / "0"), "refused", file=REFUSED, error="RunDirRefused: holds a completed run")
+    (refused,) = read_sweep(str(tmp_path))
+    assert (refused.status, refused.error, refused.final) == ("refused", "RunDirRefused: holds a completed run", 2.0)
+    write_status(str(tmp_path / "0"), "completed", objective="eval/loss", value=2.0)  # e.g. the holder finished
+    assert read_sweep(str(tmp_path))[0].status == "completed"
 
 
 def test_losses_sort_ascending_and_the_metric_can_be_chosen(tmp_path):
