@@ -8,15 +8,17 @@ from tests.conftest import read_metrics, run_cli
 
 @pytest.mark.slow
 def test_grpo_recipe_teaches_the_held_out_sums(tmp_path):
-    """`python -m stack +recipe=llama_grpo` alone: the SFT warm start gets none of the 256 held-out
-    prompts right (0.07 on a second CPU, whose rounding gives another warm start); GRPO raises eval/reward
-    (accuracy + 0.5 digits) by >= 0.15 and accuracy to >= 0.10 (0.156 recorded)."""
+    """`python -m stack +recipe=llama_grpo` alone: the SFT warm start gets few of the 256 held-out
+    prompts right (0.00; 0.07 and 0.227 on other CPUs, whose rounding gives another warm start); GRPO
+    raises eval/reward (accuracy + 0.5 digits) by >= 0.15 (+0.476 with the 0.227 start) and accuracy
+    above the start's, to >= 0.10 (0.156; 0.613)."""
     res = run_cli(["+recipe=llama_grpo", f"run_dir={tmp_path}"], cwd=str(tmp_path), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     evals = [r for r in read_metrics(tmp_path) if "eval/reward" in r]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 300
     assert evals[-1]["eval/reward"] - evals[0]["eval/reward"] >= 0.15
-    assert evals[0]["eval/rewards/accuracy/mean"] < 0.15 and evals[-1]["eval/rewards/accuracy/mean"] >= 0.10
+    accuracy = [r["eval/rewards/accuracy/mean"] for r in (evals[0], evals[-1])]
+    assert accuracy[1] > accuracy[0] and accuracy[1] >= 0.10, accuracy
     train = [r for r in read_metrics(tmp_path) if "train/reward" in r]
     assert len(train) == 30 and all("train/kl" not in r for r in train)  # beta = 0: no reference
 
@@ -24,15 +26,16 @@ def test_grpo_recipe_teaches_the_held_out_sums(tmp_path):
 @pytest.mark.slow
 def test_ppo_recipe_teaches_the_held_out_sums_with_a_bounded_kl(tmp_path):
     """`python -m stack +recipe=llama_ppo` alone (the same SFT warm start as GRPO): eval accuracy on
-    the 256 held-out prompts from < 0.15 (the warm start's: 0.00 and 0.07 recorded on two machines)
-    to >= 0.12 (0.172 and 0.414 recorded) and eval/reward up by >= 0.15 (0.221 and 0.439); the
-    sequence KL to the reference stays below 3 nats (max 1.62 and 2.58)."""
+    the 256 held-out prompts from the warm start's (0.00, 0.07 and 0.227 recorded on three machines)
+    to above it and >= 0.12 (0.172, 0.414 and 0.629 recorded) and eval/reward up by >= 0.15 (0.221,
+    0.439 and 0.494); the sequence KL to the reference stays below 3 nats (max 1.62, 2.58 and 1.66)."""
     res = run_cli(["+recipe=llama_ppo", f"run_dir={tmp_path}"], cwd=str(tmp_path), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     evals = [r for r in read_metrics(tmp_path) if "eval/reward" in r]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 400
     assert evals[-1]["eval/reward"] - evals[0]["eval/reward"] >= 0.15
-    assert evals[0]["eval/rewards/accuracy/mean"] < 0.15 and evals[-1]["eval/rewards/accuracy/mean"] >= 0.12
+    accuracy = [r["eval/rewards/accuracy/mean"] for r in (evals[0], evals[-1])]
+    assert accuracy[1] > accuracy[0] and accuracy[1] >= 0.12, accuracy
     train = [r for r in read_metrics(tmp_path) if "train/objective/kl" in r]
     assert max(r["train/objective/kl"] for r in train) < 3.0
 
