@@ -15,7 +15,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from stack.algorithms.base import Algorithm
-from stack.checkpoint import Checkpointer, load_params
+from stack.checkpoint import Checkpointer
+from stack.saved_params import load_params
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import Tokenizer, make_tokenizer
 from stack.errors import ConfigError

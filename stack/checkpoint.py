@@ -20,7 +20,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -29,7 +29,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from stack.checkpoint_errors import aborted_write, check_format, writing
 from stack.errors import ConfigError, RunDirRefused
-from stack.quant.config import has_adapters, is_post_training
 
 # Config keys whose change would make a resumed run compute something else; the rest
 # (trainer.steps, logging, eval, checkpoint cadence, mesh, data loading threads) may change.
@@ -233,66 +232,3 @@ class Checkpointer:
                 tier.manager.close()
         if self._other is not None:
             self._other.close()
-
-
-class Saved(NamedTuple):
-    """The params of one checkpoint step, as host arrays."""
-
-    tree: dict[str, Any]  # {"policy": ..., <extra trained module>: ...}
-    step: int
-    adapters_only: bool  # a LoRA/QLoRA run: "policy" holds the adapters, not the base weights
-    quantized: bool = False  # `python -m stack.quantize` wrote it: quantized weights and scales
-
-
-def read_params(path: str, step: int | None = None) -> Saved:
-    """The saved params of a checkpoints dir (newest step, or `step`)."""
-    if not os.path.isdir(path) and "://" not in path:
-        raise ConfigError(f"{path!r}: no such checkpoints dir (expected a run's checkpoints/ folder).")
-    manager = ocp.CheckpointManager(os.path.abspath(path) if "://" not in path else path)
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise ConfigError(f"{path!r} holds no complete checkpoint step.")
-    r = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-    manager.close()
-    saved = r.state["params"]
-    quant = OmegaConf.create(r.meta.get("config", {}).get("quantization") or {"method": "none"})
-    return Saved(saved if r.meta.get("format", 1) >= 2 else {"policy": saved}, step, has_adapters(quant),
-                 is_post_training(quant))
-
-
-def load_params(model: Any, path: str, step: int | None = None) -> int:
-    """Overwrite `model`'s params with the policy's of a checkpoints dir (newest step, or
-    `step`); returns the step read. An adapters-only (LoRA) checkpoint is refused: merge it first."""
-    tree, step, adapters_only, quantized = read_params(path, step)
-    if quantized:
-        raise ConfigError(f"Checkpoint {path}/{step} holds post-training-quantized weights (python -m "
-                          "stack.quantize): training and model.init_from need float params. Start from the float "
-                          f"run's checkpoints, or export dequantized weights: `python -m stack.hf export {path} "
-                          "--out DIR`, then hf:DIR.")
-    if adapters_only:
-        raise ConfigError(f"Checkpoint {path}/{step} was trained with LoRA/QLoRA: it holds the adapters only, not "
-                          f"a full model. Merge them into the base first: `python -m stack.hf export {path} --out DIR "
-                          "--merge-adapters`, then use hf:DIR (e.g. model.init_from=hf:DIR).")
-    assign_params(model, tree["policy"], f"{path}/{step}")
-    return step
-
-
-def assign_params(model: Any, saved: dict[str, Any], where: str, which: Any = None) -> None:
-    """Overwrite `model`'s params (or the variables of the nnx filter `which`) with the arrays of
-    the nested dict `saved` (read without a target: any mesh wrote them), each laid out like
-    the model's own."""
-    from flax import nnx
-
-    for keys, var in nnx.to_flat_state(nnx.state(model, which or nnx.Param)):
-        node = saved
-        for k in map(str, keys):
-            if not isinstance(node, dict) or k not in node:
-                raise ConfigError(f"Checkpoint {where} has no param {'.'.join(map(str, keys))}: "
-                                  "it was written for another model.")
-            node = node[k]
-        if isinstance(node, dict):  # format 1 kept each param's nnx Variable wrapper: {"value": array}
-            node = node["value"]
-        if tuple(node.shape) != tuple(var.value.shape):
-            raise ConfigError(f"Checkpoint {where}: param {'.'.join(map(str, keys))} has shape "
-                              f"{tuple(node.shape)}, the model expects {tuple(var.value.shape)}.")
-        var.value = jax.device_put(node.astype(var.value.dtype), var.value.sharding)

@@ -45,6 +45,6 @@ def _load(reference: nnx.Module, init_from: str, model_cfg: Any) -> None:
                               "run's model config to check config.json against.")
         load_hf_weights(reference, model_cfg, init_from)
     else:
-        from stack.checkpoint import load_params
+        from stack.saved_params import load_params
 
         load_params(reference, init_from)

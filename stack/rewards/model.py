@@ -55,9 +55,9 @@ class ModelReward:
 
     def load(self, abstract: bool = False) -> RewardScorer:
         """The reward model with its trained params (shape-only when `abstract`: mode=compile)."""
-        from stack.checkpoint import assign_params
         from stack.models.init import abstract_model
         from stack.policy import load_policy
+        from stack.saved_params import assign_params
 
         model_cfg = self.run_config().model
         with nnx.use_eager_sharding(False):

@@ -1,14 +1,17 @@
 """Run by test_meshes.py in a subprocess with 8 fake CPU devices: train 5 steps per mesh.
 
-Prints one JSON object: per-step losses per mesh, per-device shard shapes of a few params and the
-peak FLOP/s per device each run's MFU divides by.
+Prints one JSON object: per-step losses per mesh, per-device shard shapes of a few params, the
+peak FLOP/s per device each run's MFU divides by, and the run dir of the mesh run that saved a
+checkpoint (`SAVED`), with its trained params beside it in params.npz.
 """
 
 import json
+import os
 import sys
 import tempfile
 
 import jax
+import numpy as np
 from flax import nnx
 
 from stack.build import build
@@ -16,6 +19,7 @@ from stack.trainer import Trainer
 from tests.conftest import QUICK, captured, make_cfg
 
 BASE = QUICK + ["trainer.steps=5", "data.batch_size=16"]
+SAVED = "mesh=fsdp_tp"  # this run also writes a checkpoint (read back on one device by the test)
 
 
 def shard_shapes(model, names):
@@ -31,9 +35,16 @@ def shard_shapes(model, names):
 def main(meshes):
     result = {"devices": jax.device_count(), "losses": {}, "shards": {}, "peaks": {}}
     for mesh in meshes:
-        exp, cap = captured(build(make_cfg(BASE + mesh.split()), tempfile.mkdtemp()))
+        run_dir = tempfile.mkdtemp()
+        saving = ["checkpoint=local", "checkpoint.every=5"] if mesh == SAVED else []
+        exp, cap = captured(build(make_cfg(BASE + mesh.split() + saving), run_dir))
         trainer = Trainer(exp)
         trainer.run()
+        if saving:
+            flat = nnx.to_flat_state(nnx.state(trainer.policy(), nnx.Param))
+            np.savez(os.path.join(run_dir, "params.npz"), **{"/".join(map(str, k)): np.asarray(v.get_value())
+                                                              for k, v in flat})
+            result["saved"] = run_dir
         result["losses"][mesh] = [r["train/loss"] for r in cap.rows if "train/loss" in r]
         result["peaks"][mesh] = exp.peak_flops_per_device
         if "quantization" in mesh:  # adapters: the losses are what is compared

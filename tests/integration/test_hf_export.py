@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the reference needs torch (pip install -e '.[hf]', Python 3.11)")
 transformers = pytest.importorskip("transformers", reason="the reference needs transformers (the hf extra)")
 
-from stack.checkpoint import load_params  # noqa: E402
+from stack.saved_params import load_params  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
 from stack.models.init import init_model  # noqa: E402
 from tests.conftest import make_cfg, run_cli  # noqa: E402
@@ -89,7 +89,7 @@ def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
     equal the stack model with its adapters (base rebuilt from the run's seed, adapters loaded)."""
     from flax import nnx
 
-    from stack.checkpoint import assign_params, read_params
+    from stack.saved_params import assign_params, read_params
     from stack.hf import export
     from stack.policy import load_policy
     from stack.quant.providers import make_quantization

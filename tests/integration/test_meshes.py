@@ -1,6 +1,7 @@
 """8 fake CPU devices: every mesh gives the single-device losses; shards have the right shapes."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -40,6 +41,24 @@ def test_mfu_divides_the_host_peak_among_the_meshs_devices_only(result):
     peak is the host's (it was PEAK / 8: MFU 8x too high, 193 % for a tiny SFT run)."""
     assert result["peaks"]["mesh=single"] == PEAK
     assert all(result["peaks"][m] == PEAK / 8 for m in MESHES[1:]), result["peaks"]
+
+
+def test_a_checkpoint_written_on_8_devices_reads_back_on_one(result):
+    """`read_params` (model.init_from, a reference or reward model from a checkpoint, export,
+    generate) reads host arrays whatever mesh wrote them; restoring with the saved shardings
+    failed on another device count (Orbax: "devices are different from the devices used to save")."""
+    import jax
+    import numpy as np
+
+    from stack.saved_params import read_params
+
+    assert jax.device_count() != result["devices"]
+    saved = read_params(os.path.join(result["saved"], "checkpoints"))
+    leaves = jax.tree_util.tree_flatten_with_path(saved.tree["policy"])[0]
+    got = {"/".join(str(k.key) for k in path): leaf for path, leaf in leaves}
+    want = np.load(os.path.join(result["saved"], "params.npz"))
+    assert saved.step == 5 and sorted(got) == sorted(want.files)
+    assert all(isinstance(got[k], np.ndarray) and np.array_equal(got[k], want[k]) for k in want.files)
 
 
 def test_shard_shapes(result):

@@ -104,7 +104,7 @@ def test_unquantized_view_is_the_float_model():
 def test_finalize_merges_adapters_into_the_base(option):
     """The merged plain model (W + alpha/rank * A B; QLoRA: dequantized W) computes what the
     adapted model computes."""
-    from stack.checkpoint import assign_params
+    from stack.saved_params import assign_params
 
     cfg = make_cfg([f"quantization={option}", "quantization.rules.0.tile_size=16", "quantization.rules.0.alpha=12.0",
                     "quantization.rules.0.rank=4"])

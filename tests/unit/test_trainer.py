@@ -18,7 +18,7 @@ from flax import nnx
 import stack.trainer.metrics as metrics_hook
 from stack.algorithms.base import Schedule, ratio
 from stack.build import build
-from stack.checkpoint import load_params
+from stack.saved_params import load_params
 from stack.errors import ConfigError
 from stack.parallel import batch_sharding, global_batch
 from stack.step import minibatch
