@@ -4,6 +4,8 @@
   KV-cache sampler (stack.rollout); sample keys come from the round's key, the record's
   index and the sample number. Completions stop at EOS (included in the loss mask, so
   stopping is learned) or after `max_new_tokens` (counted in `completions/clipped_ratio`).
+  `top_k` / `top_p` filter the sampler only; every log-prob is of the tempered, unfiltered
+  distribution (TRL GRPOTrainer: `_get_per_token_logps_and_entropies` divides by temperature).
 - The old log-probs come from the training forward of the sampling policy (not from the
   decode logits), with the sampling temperature applied; `logprob_mismatch` logs the
   largest |Δ log p| between the two (≈ 0: the sampler and trainer agree). With one

@@ -27,7 +27,7 @@ class Rollout(NamedTuple):
     tokens: Array  # [B, N] completion tokens (pad after the end)
     mask: Array  # [B, N] int32: 1 up to and including the first EOS (stopping is learned)
     truncated: Array  # [B] bool: no EOS within max_new_tokens
-    logps: Array  # [B, N] log-prob of each token under the sampling distribution
+    logps: Array  # [B, N] log-prob of each token under the tempered, unfiltered distribution (sample_token)
 
 
 def sample_keys(key: Array, records: Array, samples: Array) -> Array:

@@ -39,15 +39,17 @@ def filter_logits(logits: Array, temperature: float = 1.0, top_k: int = 0, top_p
 
 
 def sample_token(logits: Array, keys: Array, s: Sampling) -> tuple[Array, Array]:
-    """(token [B], its log-prob under the sampling distribution [B]) from logits [B, V], one key per row.
+    """(token [B], its log-prob [B]) from logits [B, V], one key per row.
 
-    Greedy (temperature 0) reports the log-prob under the unfiltered distribution.
+    The token is drawn from the filtered distribution; its log-prob is that of the policy's tempered,
+    unfiltered distribution (`logits / temperature`, untempered when greedy): the log-prob the
+    training forward computes (TRL GRPOTrainer: top-k/top-p act in generation only), so the two
+    agree up to numerics.
     """
+    scaled = logits.astype(jnp.float32) / (s.temperature or 1.0)
     if s.temperature == 0:
         token = jnp.argmax(logits, axis=-1)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     else:
-        filtered = filter_logits(logits, s.temperature, s.top_k, s.top_p)
-        token = jax.vmap(jax.random.categorical)(keys, filtered)
-        logp = jax.nn.log_softmax(filtered, axis=-1)
+        token = jax.vmap(jax.random.categorical)(keys, filter_logits(scaled, 1.0, s.top_k, s.top_p))
+    logp = jax.nn.log_softmax(scaled, axis=-1)
     return token.astype(jnp.int32), jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]

@@ -165,8 +165,8 @@ class GRPOConfig(AlgorithmConfig):
     num_generations: int = 8  # G completions per prompt
     max_new_tokens: int = 8  # TRL max_completion_length
     temperature: float = 1.0  # sampling, and the training log-probs (as TRL)
-    top_k: int = 0  # 0: off; training with top-k/top-p is refused (the log-probs would differ)
-    top_p: float = 1.0
+    top_k: int = 0  # sampling only, as TRL: 0 off; the loss's log-probs are of the unfiltered distribution
+    top_p: float = 1.0  # in (0, 1]; 1: off (sampling only, as top_k)
     beta: float = 0.0  # KL coefficient; 0: no reference model is built
     kl_estimator: str = "k3"  # k1 | k2 | k3 (in the loss, as TRL)
     epsilon: float = 0.2  # clip range (low)
@@ -193,11 +193,9 @@ class GRPOConfig(AlgorithmConfig):
                                      else "."))
         if not node.temperature > 0:
             raise ConfigError(f"'algorithm.temperature'={node.temperature} must be > 0: GRPO trains on samples.")
-        if node.top_k or node.top_p < 1.0:
-            raise ConfigError(
-                f"'algorithm.top_k'={node.top_k} / 'algorithm.top_p'={node.top_p}: training on top-k/top-p samples "
-                "needs the same truncated distribution in the loss, which GRPO here does not build; keep top_k=0 "
-                "and top_p=1.0 (python -m stack.generate samples with filters).")
+        if node.top_k < 0 or not 0 < node.top_p <= 1:
+            raise ConfigError(f"'algorithm.top_k'={node.top_k} / 'algorithm.top_p'={node.top_p}: top_k must be >= 0 "
+                              "(0: off) and top_p in (0, 1] (1.0: off).")
         if not node.epsilon > 0 or (node.epsilon_high is not None and node.epsilon_high < node.epsilon):
             raise ConfigError(f"'algorithm.epsilon'={node.epsilon} must be > 0 and 'algorithm.epsilon_high'="
                               f"{node.epsilon_high} null or >= epsilon.")

@@ -99,6 +99,12 @@ def test_optimizer_and_cadence_values_that_trained_silently_wrong_are_refused(ar
     assert all(w in msg for w in words), msg
 
 
+@pytest.mark.parametrize("argv", [["algorithm.top_p=0"], ["algorithm.top_p=1.5"], ["algorithm.top_k=-1"]])
+def test_grpo_sampling_filters_out_of_range_are_refused(argv):
+    msg = error_of(["algorithm=grpo", "data=jsonl_prompts", *argv])
+    assert "top_k must be >= 0 (0: off) and top_p in (0, 1]" in msg and argv[0].split("=")[1] in msg, msg
+
+
 def test_the_algorithm_says_which_data_it_reads():
     msg = error_of(["data=jsonl_prefs"])
     assert "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text records" in msg

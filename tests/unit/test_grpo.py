@@ -142,17 +142,19 @@ GRPO_RUN = ["data=jsonl_prompts", "algorithm=grpo", "algorithm.num_generations=4
             "data.batch_size=4", "trainer.log_every=1", "trainer.eval_batches=1", "logger=jsonl"]
 
 
-@pytest.mark.parametrize("mu", [1, 2])
-def test_the_first_iteration_ratio_is_one_and_the_sampler_agrees_with_the_trainer(tmp_path, mu):
+@pytest.mark.parametrize("mu, filters", [(1, []), (2, []), (1, ["algorithm.top_k=20", "algorithm.top_p=0.9"])])
+def test_the_first_iteration_ratio_is_one_and_the_sampler_agrees_with_the_trainer(tmp_path, mu, filters):
     """The first step of a round: the training log-probs (the old ones from collect's forward
     when mu = 2; the current ones when mu = 1, which skips that forward) equal the sampler's,
-    so nothing is clipped; with beta > 0 the reference is the initial policy: KL 0 at step 1."""
+    so nothing is clipped; with beta > 0 the reference is the initial policy: KL 0 at step 1.
+    With top-k/top-p the samples are filtered and the log-probs still those of the unfiltered
+    tempered distribution on both sides (TRL GRPOTrainer)."""
     from stack.build import build
     from stack.trainer import train
     from tests.conftest import captured, make_cfg
 
     cfg = make_cfg(GRPO_RUN + ["trainer.steps=2", "algorithm.beta=0.1", f"algorithm.num_iterations={mu}",
-                               f"run_dir={tmp_path}"])
+                               f"run_dir={tmp_path}", *filters])
     exp, cap = captured(build(cfg, str(tmp_path)))
     summary = train(exp)
     exp.rewards.close()

@@ -144,7 +144,7 @@ def test_filters_keep_the_tokens_numpy_keeps(temperature, top_k, top_p):
     np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-6)
 
 
-def test_sampling_frequencies_follow_the_filtered_distribution():
+def test_sampling_frequencies_follow_the_filtered_distribution_and_log_probs_the_tempered_one():
     logits = jnp.asarray([[2.0, 1.0, 0.5, -1.0, -3.0]])
     s = Sampling(max_new_tokens=1, temperature=0.8, top_k=3)
     keys = jax.random.split(jax.random.key(0), 20000)
@@ -154,4 +154,7 @@ def test_sampling_frequencies_follow_the_filtered_distribution():
     probs /= probs.sum()
     np.testing.assert_allclose(counts, probs, atol=0.01)
     assert counts[3] == counts[4] == 0
-    np.testing.assert_allclose(np.exp(np.asarray(logps).ravel()), probs[np.asarray(tokens).ravel()], rtol=1e-5)
+    # the log-prob is the tempered, unfiltered one the training forward computes (TRL: filters sample only)
+    tempered = np.exp(np.asarray(logits, np.float64)[0] / 0.8)
+    tempered /= tempered.sum()
+    np.testing.assert_allclose(np.exp(np.asarray(logps).ravel()), tempered[np.asarray(tokens).ravel()], rtol=1e-5)
