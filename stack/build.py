@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from stack.algorithms.base import Algorithm
 from stack.checkpoint import Checkpointer
-from stack.saved_params import load_params
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import Tokenizer, make_tokenizer
 from stack.errors import ConfigError
@@ -31,6 +30,7 @@ from stack.quant.providers import Lora, NoQuantization, Qat, make_quantization
 from stack.rundir import check_not_completed
 from stack.rewards import RewardRunner, make_rewards
 from stack.rewards.model import ModelReward
+from stack.saved_params import load_params
 from stack.targets import check_targets
 
 

@@ -88,6 +88,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="with a reward model's checkpoints (algorithm=rm): score this completion of each "
                              "prompt instead of sampling; repeat for several")
     args = parser.parse_args(argv)
+    bad = [f"{flag}={value}" for flag, value, ok in (
+        ("--temperature", args.temperature, args.temperature >= 0), ("--top-k", args.top_k, args.top_k >= 0),
+        ("--top-p", args.top_p, 0 < args.top_p <= 1), ("--num-samples", args.num_samples, args.num_samples >= 1)) if not ok]
+    if bad:
+        parser.error(f"{', '.join(bad)}: --temperature must be >= 0 (0: greedy), --top-k >= 0 (0: off), --top-p in "
+                     "(0, 1] (1.0: off) and --num-samples >= 1.")
     try:
         if args.score:
             from stack.rewards.model import score_texts

@@ -26,9 +26,9 @@ def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "fl
     saved beside it (HEADS); return the step. A LoRA/QLoRA run needs `merge_adapters`: its
     checkpoint holds adapters only, exported as W + (alpha / rank) A B (stack.quant.merge); a PTQ
     checkpoint (python -m stack.quantize) exports its dequantized weights."""
-    from stack.saved_params import read_params
     from stack.models.hf import export_hf
     from stack.policy import float_policy
+    from stack.saved_params import read_params
 
     if not merge_adapters and read_params(checkpoints, step).adapters_only:
         raise ConfigError(f"{checkpoints!r} holds LoRA/QLoRA adapters only, not a full model: pass --merge-adapters "

@@ -31,9 +31,9 @@ def run_config(checkpoints: str, key: str = "") -> DictConfig:
 def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, DictConfig, Any]:
     """(the policy as a plain float Llama or a PTQ model, the run's config, the `Saved` step read)."""
     from stack.build import initial_model
-    from stack.saved_params import assign_params, read_params
     from stack.models.init import init_model
     from stack.quant.providers import make_quantization
+    from stack.saved_params import assign_params, read_params
 
     cfg = run_config(checkpoints)
     saved = read_params(checkpoints, step)
@@ -52,9 +52,9 @@ def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, 
 
 def float_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, DictConfig, Any]:
     """`load_policy`, with a PTQ model's weights dequantized into a plain float Llama (for export)."""
-    from stack.saved_params import assign_params
     from stack.models.init import init_model
     from stack.quant.providers import make_quantization
+    from stack.saved_params import assign_params
 
     model, cfg, saved = load_policy(checkpoints, step)
     if not saved.quantized:

@@ -158,3 +158,13 @@ def test_sampling_frequencies_follow_the_filtered_distribution_and_log_probs_the
     tempered = np.exp(np.asarray(logits, np.float64)[0] / 0.8)
     tempered /= tempered.sum()
     np.testing.assert_allclose(np.exp(np.asarray(logps).ravel()), tempered[np.asarray(tokens).ravel()], rtol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["--top-k=-1", "--top-p=0", "--top-p=1.5", "--temperature=-0.5", "--num-samples=0"])
+def test_the_sampling_cli_refuses_out_of_range_flags_before_loading_anything(flag, capsys):
+    from stack.generate import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["no/such/checkpoints", "--prompt", "1+1=", flag])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and flag in err and "--top-p in (0, 1]" in err, err
