@@ -23,7 +23,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
 from stack.collector import frozen_imports
-from stack.errors import ConfigError, RunDirRefused, RunFailed, bad_choice, short, unknown_key, wrong_type
+from stack.errors import (ConfigError, RunDirRefused, RunFailed, bad_choice, null_refused, short, unknown_key,
+                          wrong_type)
 from stack.launch_slurm import check_submit_host
 from stack.launcher import end_failed_rank, launcher_for, one_of_several
 from stack.jobstatus import FILE, REFUSED, write_status
@@ -121,6 +122,8 @@ def friendly_error(exc: Exception, overrides: list[str]) -> ConfigError:
                 parent = None
             valid = list(parent.keys()) if isinstance(parent, DictConfig) else []
         return unknown_key(full_key, valid)
+    if isinstance(cause, ValidationError) and cause.full_key and "is not Optional" in str(cause):
+        return null_refused(str(cause.full_key), _takes(cause.parent_node, cause.key, cause.child_node))
     if isinstance(cause, ValidationError) and cause.full_key:
         key = str(cause.full_key)
         value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=")[0] == key), None)
@@ -129,6 +132,14 @@ def friendly_error(exc: Exception, overrides: list[str]) -> ConfigError:
         return wrong_type(key, value, f"a value of type {expected}")
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return ConfigError(f"Cannot compose the config with overrides {short(overrides, 300)}: {short(first, 300)}")
+
+
+def _takes(parent: Any, key: Any, node: Any) -> str:
+    """What a non-nullable schema key holds, for its error: a section's keys or a value's type."""
+    if isinstance(node, DictConfig):
+        return f"a section of settings; set its keys instead ({', '.join(map(str, node.keys()))})"
+    kind = OmegaConf.get_type(parent, key) if parent is not None else None
+    return f"a value of type {kind.__name__}" if isinstance(kind, type) else "a value"
 
 
 def preflight(argv: list[str]) -> DictConfig | None:

@@ -53,6 +53,11 @@ def wrong_type(full_key: str, value: object, expected: str) -> ConfigError:
     )
 
 
+def null_refused(full_key: str, takes: str) -> ConfigError:
+    """Error for `key=null` where the schema has no null (e.g. `warm_start=null`, `trainer.steps=null`)."""
+    return ConfigError(f"'{full_key}' cannot be null: it takes {takes}.")
+
+
 def bad_choice(full_key: str, value: object, allowed: Iterable[str], what: str = "value") -> ConfigError:
     """Error for a value outside a closed set (a group option, an enum-like string)."""
     allowed = sorted(allowed)

@@ -31,6 +31,13 @@ def test_wrong_type_names_key_value_and_type():
     assert "'optimizer.lr'" in msg and "'fast'" in msg and "float" in msg
 
 
+def test_null_for_a_key_without_null_names_what_it_takes():
+    assert error_of(["trainer.steps=null"]) == "'trainer.steps' cannot be null: it takes a value of type int."
+    assert "type float" in error_of(["optimizer.lr=null"])
+    msg = error_of(["warm_start=null"])  # a section: its keys (warm_start.recipe=null turns it off)
+    assert msg.startswith("'warm_start' cannot be null") and "(recipe, overrides)" in msg
+
+
 def test_unknown_group_option_lists_options():
     msg = error_of(["model=llama_huge"])
     assert "'llama_huge'" in msg and "llama_tiny" in msg and "llama3_8b" in msg
