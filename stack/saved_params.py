@@ -16,6 +16,9 @@ from stack.errors import ConfigError
 from stack.quant.config import has_adapters, is_post_training
 
 
+ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "tie_embeddings")
+
+
 class Saved(NamedTuple):
     """The params of one checkpoint step, as host arrays."""
 
@@ -23,6 +26,7 @@ class Saved(NamedTuple):
     step: int
     adapters_only: bool  # a LoRA/QLoRA run: "policy" holds the adapters, not the base weights
     quantized: bool = False  # `python -m stack.quantize` wrote it: quantized weights and scales
+    model: dict[str, Any] | None = None  # the writing run's `model` config (None: not recorded)
 
 
 def read_params(path: str, step: int | None = None) -> Saved:
@@ -38,9 +42,10 @@ def read_params(path: str, step: int | None = None) -> Saved:
     meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     manager.close()
     saved = _host_params(epath.Path(root) / str(step) / "state")
-    quant = OmegaConf.create(meta.get("config", {}).get("quantization") or {"method": "none"})
+    config = meta.get("config", {})
+    quant = OmegaConf.create(config.get("quantization") or {"method": "none"})
     return Saved(saved if meta.get("format", 1) >= 2 else {"policy": saved}, step, has_adapters(quant),
-                 is_post_training(quant))
+                 is_post_training(quant), config.get("model"))
 
 
 def _host_params(state_dir: epath.Path) -> Any:
@@ -60,7 +65,7 @@ def _host_params(state_dir: epath.Path) -> Any:
 def load_params(model: Any, path: str, step: int | None = None) -> int:
     """Overwrite `model`'s params with the policy's of a checkpoints dir (newest step, or
     `step`); returns the step read. An adapters-only (LoRA) checkpoint is refused: merge it first."""
-    tree, step, adapters_only, quantized = read_params(path, step)
+    tree, step, adapters_only, quantized, written_for = read_params(path, step)
     if quantized:
         raise ConfigError(f"Checkpoint {path}/{step} holds post-training-quantized weights (python -m "
                           "stack.quantize): training and model.init_from need float params. Start from the float "
@@ -70,8 +75,17 @@ def load_params(model: Any, path: str, step: int | None = None) -> int:
         raise ConfigError(f"Checkpoint {path}/{step} was trained with LoRA/QLoRA: it holds the adapters only, not "
                           f"a full model. Merge them into the base first: `python -m stack.hf export {path} --out DIR "
                           "--merge-adapters`, then use hf:DIR (e.g. model.init_from=hf:DIR).")
-    assign_params(model, tree["policy"], f"{path}/{step}")
+    assign_params(model, tree["policy"], f"{path}/{step}{_model_of(written_for)}")
     return step
+
+
+def _model_of(model: dict[str, Any] | None) -> str:
+    """' (written for model=NAME: d_model=.., ...; ...)': how to build the model a checkpoint fits."""
+    if not model:
+        return ""
+    shape = ", ".join(f"{k}={model[k]}" for k in ARCHITECTURE if k in model)
+    return (f" (written for model={model.get('name')}: {shape}; pass model={model.get('name')} or these "
+            "model.* values to read it)")
 
 
 def assign_params(model: Any, saved: dict[str, Any], where: str, which: Any = None) -> None:

@@ -210,7 +210,9 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
     from stack.algorithms.base import Context
     from stack.algorithms.dpo import DPO
     from stack.models.init import init_model
+    from stack.errors import ConfigError
     from stack.quant.providers import NoQuantization
+    from stack.saved_params import load_params
     from tests.conftest import make_cfg
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -231,6 +233,13 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
     np.testing.assert_array_equal(np.asarray(frozen["embed"]["embedding"][...]), saved["embed"]["embedding"])
     assert not np.array_equal(own, saved["embed"]["embedding"])
     np.testing.assert_array_equal(np.asarray(model.embed.embedding[...]), own)  # the policy is untouched
+
+    other = init_model(make_cfg(["+recipe=llama_sft", "model.d_model=32"]).model, 0)
+    with pytest.raises(ConfigError) as info:  # another model: the error says which one the checkpoint fits
+        load_params(other, str(a / "checkpoints"))
+    written = make_cfg(["+recipe=llama_sft"]).model
+    assert f"written for model={written.name}: vocab_size={written.vocab_size}, d_model={written.d_model}," in str(
+        info.value) and "the model expects" in str(info.value)
 
 
 @pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
