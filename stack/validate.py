@@ -51,16 +51,7 @@ def validate(cfg: DictConfig) -> None:
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"'{key}' must be a positive integer, got {value!r}.")
     m = cfg.model
-    if m.n_heads % m.n_kv_heads:
-        raise ConfigError(
-            f"'model.n_kv_heads'={m.n_kv_heads} must divide 'model.n_heads'={m.n_heads} "
-            "(grouped-query attention shares each key/value head across n_heads/n_kv_heads heads)."
-        )
-    if m.head_dim is None and m.d_model % m.n_heads:
-        raise ConfigError(
-            f"'model.d_model'={m.d_model} is not divisible by 'model.n_heads'={m.n_heads}; "
-            "set 'model.head_dim' explicitly or pick sizes that divide."
-        )
+    _check_model(m, cfg.data.seq_len)
     if m.scan_layers and cfg.quantization.method != "none":
         raise ConfigError(
             f"model.scan_layers=true cannot run with quantization.method={cfg.quantization.method!r}: Qwix "
@@ -78,6 +69,29 @@ def validate(cfg: DictConfig) -> None:
     _check_algorithm(cfg)
     _check_reward(cfg)
     check_targets(cfg, tuple(cfg.allow_targets), objects=False)  # build() judges the objects
+
+
+def _check_model(m: DictConfig, seq_len: int) -> None:
+    """Head shapes that attention and RoPE can use, and rows that fit the model's context."""
+    if m.n_heads % m.n_kv_heads:
+        raise ConfigError(
+            f"'model.n_kv_heads'={m.n_kv_heads} must divide 'model.n_heads'={m.n_heads} "
+            "(grouped-query attention shares each key/value head across n_heads/n_kv_heads heads)."
+        )
+    if m.head_dim is None and m.d_model % m.n_heads:
+        raise ConfigError(
+            f"'model.d_model'={m.d_model} is not divisible by 'model.n_heads'={m.n_heads}; "
+            "set 'model.head_dim' explicitly or pick sizes that divide."
+        )
+    head_dim = m.head_dim if m.head_dim is not None else m.d_model // m.n_heads
+    if head_dim < 2 or head_dim % 2:
+        key = "'model.head_dim'" if m.head_dim is not None else f"d_model/n_heads ({m.d_model}/{m.n_heads})"
+        raise ConfigError(f"The head size {key}={head_dim} must be even and >= 2: RoPE rotates pairs of dimensions.")
+    if not m.rope_theta > 0:
+        raise ConfigError(f"'model.rope_theta'={m.rope_theta} must be > 0, RoPE's base wavelength (Llama 3: 500000).")
+    if seq_len > m.max_seq_len:
+        raise ConfigError(f"'data.seq_len'={seq_len} exceeds 'model.max_seq_len'={m.max_seq_len}, the model's context "
+                          "(HF max_position_embeddings): lower data.seq_len or raise model.max_seq_len.")
 
 
 def _check_rope(s: DictConfig) -> None:
@@ -146,6 +160,9 @@ def _check_data(d: DictConfig) -> None:
     if d.source == "synthetic":
         if d.kind != "sft":
             raise ConfigError(f"'data.kind'={d.kind!r}: data.source=synthetic makes sft records only.")
+        if d.max_operand < 2:  # fewer leave the train split (~90 % of the a+b problems) empty
+            raise ConfigError(f"'data.max_operand'={d.max_operand} must be >= 2: data.source=synthetic makes the "
+                              "problems a+b= with 0 <= a, b < max_operand.")
     elif not d.path:
         raise ConfigError(f"'data.path' is required for data.source={d.source!r}.")
     for key in ("path", "eval_path"):

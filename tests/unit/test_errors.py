@@ -54,6 +54,15 @@ def test_bad_choice_and_bad_model_shape():
     assert "n_kv_heads" in msg and "3" in msg and "n_heads" in msg
 
 
+def test_heads_rope_and_context_that_cannot_run_are_refused():
+    assert error_of(["model.head_dim=7"]).startswith("The head size 'model.head_dim'=7 must be even")
+    assert "d_model/n_heads (64/64)=1" in error_of(["model.n_heads=64", "model.n_kv_heads=64"])
+    assert error_of(["model.rope_theta=0"]).startswith("'model.rope_theta'=0.0 must be > 0")
+    msg = error_of(["model.max_seq_len=8", "data.seq_len=16"])
+    assert "'data.seq_len'=16 exceeds 'model.max_seq_len'=8" in msg
+    assert "'data.max_operand'=1 must be >= 2" in error_of(["data.max_operand=1"])
+
+
 def test_sweep_values_are_checked():
     msg = error_of(["-m", "model.d_model=64,sixty", "seed=0,1"])
     assert "'model.d_model'" in msg and "'sixty'" in msg
