@@ -4,10 +4,13 @@ dir or a Hugging Face Llama dir, sampled on device with the KV cache (stack.roll
     python -m stack.generate runs/a/checkpoints --prompt "12+7=" --max-new-tokens 8 --temperature 0.7 --top-p 0.9
     python -m stack.generate path/to/hf_llama_dir --prompt "Hello" --greedy
     python -m stack.generate runs/rm/checkpoints --prompt "copy abc=" --score abc --score abd   # a reward model
+    python -m stack.generate runs/chat/checkpoints --chat --prompt "What is 2+3?"   # a user turn, as trained
 
 A checkpoints dir is read with its run's `config.yaml` (model shape, tokenizer); a HF dir
 with its `config.json` and, when present, its `tokenizer.json` (else the byte tokenizer).
-Prompts are encoded as the data pipeline encodes them: BOS, then the text.
+Prompts are encoded as the data pipeline encodes them: BOS, then the text; with `--chat` each is
+one user message rendered with the run's `data.chat_template` (a HF dir: its tokenizer's own) and
+an open assistant turn, as GRPO prompts are (HF apply_chat_template, add_generation_prompt=True).
 """
 
 import argparse
@@ -19,7 +22,8 @@ from stack.errors import ConfigError
 
 
 def load(path: str):
-    """(model, tokenizer, max_seq_len) of a checkpoints dir or a HF Llama dir."""
+    """(model, tokenizer, max_seq_len, chat template: (data.chat_template, data.tokenizer) or None)
+    of a checkpoints dir or a HF Llama dir."""
     from omegaconf import OmegaConf
 
     from stack.data.tokenizers import ByteTokenizer, make_tokenizer
@@ -35,7 +39,8 @@ def load(path: str):
         model = abstract_model(cfg)
         load_hf_weights(model, cfg, path)
         has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
-        return model, make_tokenizer(path) if has_tokenizer else ByteTokenizer(), cfg.max_seq_len
+        tokenizer = make_tokenizer(path) if has_tokenizer else ByteTokenizer()
+        return model, tokenizer, cfg.max_seq_len, ("tokenizer", path) if has_tokenizer else None
     config = os.path.join(os.path.dirname(os.path.abspath(path.rstrip("/"))), "config.yaml")
     if not os.path.isdir(path) or not os.path.isfile(config):
         raise ConfigError(f"{path!r} is neither a Hugging Face Llama dir (with config.json) nor a stack run's "
@@ -43,11 +48,25 @@ def load(path: str):
     from stack.policy import load_policy
 
     model, run, _ = load_policy(path)  # a LoRA run's adapters merged into its base
-    return model, make_tokenizer(run.data.tokenizer), run.model.max_seq_len
+    return model, make_tokenizer(run.data.tokenizer), run.model.max_seq_len, (run.data.chat_template, run.data.tokenizer)
 
 
-def sample(model, tokenizer, prompts: list[str], args: argparse.Namespace, limit: int) -> list[list[str]]:
-    """`args.num_samples` completions of each prompt (text up to the first EOS)."""
+def encode_prompts(prompts: list[str], tokenizer, template: tuple[str, str] | None, limit: int) -> list[list[int]]:
+    """Each prompt's token ids; with a `template` (--chat) a one-message user turn and an open
+    assistant turn, encoded as the data pipeline encodes prompt records (stack.data.encode)."""
+    if template is None:
+        return [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
+    from stack.data.chat import make_template
+    from stack.data.encode import Encoder
+
+    encoder = Encoder("prompt", tokenizer, make_template(*template), limit, "error")
+    rows = [encoder.encode({"prompt": [{"role": "user", "content": p}]}, f"--prompt {i + 1}")
+            for i, p in enumerate(prompts)]
+    return [r["prompt_ids"][r["prompt_mask"] > 0].tolist() for r in rows]
+
+
+def sample(model, tokenizer, encoded: list[list[int]], args: argparse.Namespace, limit: int) -> list[list[str]]:
+    """`args.num_samples` completions of each encoded prompt (text up to the first EOS)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -55,7 +74,6 @@ def sample(model, tokenizer, prompts: list[str], args: argparse.Namespace, limit
 
     from stack.rollout import Sampling, generate, sample_keys
 
-    encoded = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
     width = max(map(len, encoded))
     if args.max_new_tokens < 1 or width + args.max_new_tokens > limit:
         raise ConfigError(f"--max-new-tokens={args.max_new_tokens} with a {width}-token prompt does not fit: it "
@@ -63,14 +81,14 @@ def sample(model, tokenizer, prompts: list[str], args: argparse.Namespace, limit
     rows = [e for e in encoded for _ in range(args.num_samples)]
     ids = np.array([[tokenizer.pad_id] * (width - len(e)) + e for e in rows], np.int32)
     mask = (np.arange(width)[None] >= width - np.array([len(e) for e in rows])[:, None]).astype(np.int32)
-    keys = sample_keys(jax.random.key(args.seed), jnp.repeat(jnp.arange(len(prompts)), args.num_samples),
-                       jnp.tile(jnp.arange(args.num_samples), len(prompts)))
+    keys = sample_keys(jax.random.key(args.seed), jnp.repeat(jnp.arange(len(encoded)), args.num_samples),
+                       jnp.tile(jnp.arange(args.num_samples), len(encoded)))
     s = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.top_p,
                  (tokenizer.eos_id,), tokenizer.pad_id)
     out = nnx.jit(lambda m, i, k, key: generate(m, i, k, key, s))(model, ids, mask, keys)
     tokens, keep = np.asarray(out.tokens), np.asarray(out.mask) > 0
     texts = [tokenizer.decode([t for t, k in zip(row, m) if k and t != tokenizer.eos_id]) for row, m in zip(tokens, keep)]
-    return [texts[i * args.num_samples:(i + 1) * args.num_samples] for i in range(len(prompts))]
+    return [texts[i * args.num_samples:(i + 1) * args.num_samples] for i in range(len(encoded))]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="0: off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1.0: off")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding (temperature 0)")
+    parser.add_argument("--chat", action="store_true",
+                        help="each prompt is a user message in the run's chat template (an open assistant turn)")
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--score", action="append", metavar="COMPLETION",
@@ -103,8 +123,12 @@ def main(argv: list[str] | None = None) -> None:
             for (prompt, completion), score in zip(pairs, scores):
                 print(f"{score:.4f}\t{prompt}{completion}")
             return
-        model, tokenizer, limit = load(args.path)
-        completions = sample(model, tokenizer, args.prompt, args, limit)
+        model, tokenizer, limit, template = load(args.path)
+        if args.chat and template is None:
+            raise ConfigError(f"--chat: {args.path!r} has no tokenizer.json, so no chat template to render the "
+                              "prompts with; pass each prompt already formatted, without --chat.")
+        encoded = encode_prompts(args.prompt, tokenizer, template if args.chat else None, limit)
+        completions = sample(model, tokenizer, encoded, args, limit)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -168,3 +168,21 @@ def test_the_sampling_cli_refuses_out_of_range_flags_before_loading_anything(fla
         main(["no/such/checkpoints", "--prompt", "1+1=", flag])
     err = capsys.readouterr().err
     assert info.value.code == 2 and flag in err and "--top-p in (0, 1]" in err, err
+
+
+@pytest.mark.parametrize("template,turn", [
+    ("chatml", "<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n"),  # the ChatML format
+    ("llama3", "<|start_header_id|>user<|end_header_id|>\n\n{p}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+])
+def test_chat_prompts_are_a_user_turn_with_an_open_assistant_turn(template, turn):
+    """stack.generate --chat: BOS + the template's user turn + the assistant header (HF
+    apply_chat_template with add_generation_prompt=True, here written out by hand); without
+    --chat: BOS + the text."""
+    from stack.data.tokenizers import ByteTokenizer
+    from stack.generate import encode_prompts
+
+    tok = ByteTokenizer()
+    prompts = ["What is 2+3?", "hi"]
+    chat = encode_prompts(prompts, tok, (template, "byte"), 256)
+    assert chat == [[tok.bos_id, *tok.encode(turn.format(p=p))] for p in prompts]
+    assert encode_prompts(prompts, tok, None, 256) == [[tok.bos_id, *tok.encode(p)] for p in prompts]
