@@ -21,9 +21,10 @@ import sys
 from stack.errors import ConfigError
 
 
-def load(path: str):
+def load(path: str, chat: bool = False):
     """(model, tokenizer, max_seq_len, chat template: (data.chat_template, data.tokenizer) or None)
-    of a checkpoints dir or a HF Llama dir."""
+    of a checkpoints dir or a HF Llama dir; `chat`: a HF dir without tokenizer.json is refused
+    before its weights are read."""
     from omegaconf import OmegaConf
 
     from stack.data.tokenizers import ByteTokenizer, make_tokenizer
@@ -36,9 +37,12 @@ def load(path: str):
 
         with open(os.path.join(path, "config.json")) as f:
             cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(json.load(f)))
+        has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
+        if chat and not has_tokenizer:
+            raise ConfigError(f"--chat: {path!r} has no tokenizer.json, so no chat template to render the "
+                              "prompts with; pass each prompt already formatted, without --chat.")
         model = abstract_model(cfg)
         load_hf_weights(model, cfg, path)
-        has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
         tokenizer = make_tokenizer(path) if has_tokenizer else ByteTokenizer()
         return model, tokenizer, cfg.max_seq_len, ("tokenizer", path) if has_tokenizer else None
     config = os.path.join(os.path.dirname(os.path.abspath(path.rstrip("/"))), "config.yaml")
@@ -123,10 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             for (prompt, completion), score in zip(pairs, scores):
                 print(f"{score:.4f}\t{prompt}{completion}")
             return
-        model, tokenizer, limit, template = load(args.path)
-        if args.chat and template is None:
-            raise ConfigError(f"--chat: {args.path!r} has no tokenizer.json, so no chat template to render the "
-                              "prompts with; pass each prompt already formatted, without --chat.")
+        model, tokenizer, limit, template = load(args.path, args.chat)
         encoded = encode_prompts(args.prompt, tokenizer, template if args.chat else None, limit)
         completions = sample(model, tokenizer, encoded, args, limit)
     except ConfigError as exc:

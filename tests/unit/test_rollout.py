@@ -186,3 +186,19 @@ def test_chat_prompts_are_a_user_turn_with_an_open_assistant_turn(template, turn
     chat = encode_prompts(prompts, tok, (template, "byte"), 256)
     assert chat == [[tok.bos_id, *tok.encode(turn.format(p=p))] for p in prompts]
     assert encode_prompts(prompts, tok, None, 256) == [[tok.bos_id, *tok.encode(p)] for p in prompts]
+
+
+def test_chat_with_a_hugging_face_dir_without_a_tokenizer_is_refused_before_its_weights_are_read(tmp_path):
+    """A HF dir without tokenizer.json has no chat template: --chat is one paragraph, raised
+    before the weights (absent here) are read; without --chat the missing weights are what fails."""
+    import json
+
+    from stack.errors import ConfigError
+    from stack.generate import load
+    from stack.models.hf_config import hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(CFG)))
+    with pytest.raises(ConfigError, match="--chat: .* has no tokenizer.json"):
+        load(str(tmp_path), chat=True)
+    with pytest.raises(ConfigError, match="has neither model.safetensors"):
+        load(str(tmp_path))
