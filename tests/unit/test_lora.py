@@ -18,6 +18,7 @@ from tests.conftest import QUICK, loss_of, make_cfg, models
 
 LORA = ["quantization=lora", "quantization.rules.0.rank=4", "quantization.rules.0.alpha=12.0"]
 QLORA = ["quantization=qlora_nf4", "quantization.rules.0.tile_size=16"]
+forward = nnx.jit(lambda model, x: model(x))  # one compiled program, not one per operation
 
 
 def lora_model(overrides, seed=0):
@@ -65,8 +66,8 @@ def test_qlora_stores_4bit_base_weights_and_stays_close_to_float():
     assert len(qvalues) == 7 * cfg.model.n_layers and all(v.get_value().dtype == jnp.uint4 for v in qvalues)
     _, int8 = lora_model(QLORA + ["quantization.rules.0.weight_qtype=int8"])
     x = tokens(shape=(4, 32))
-    full = init_model(cfg.model, 0)(x)
-    nf4_cos, int8_cos = centered_cosine(model(x), full), centered_cosine(int8(x), full)
+    full = forward(init_model(cfg.model, 0), x)
+    nf4_cos, int8_cos = centered_cosine(forward(model, x), full), centered_cosine(forward(int8, x), full)
     assert 0.99 < nf4_cos < int8_cos and int8_cos > 0.9999, (nf4_cos, int8_cos)
 
 
@@ -90,8 +91,8 @@ def test_dpo_reference_with_lora_is_the_base_model_without_a_copy():
     _, m = dpo_loss(model)
     base = init_model(cfg.model, 0)  # an independent model without adapters
     flat = lambda k: batch[k].reshape(6, 16)  # noqa: E731
-    ref, _ = sequence_logps(base(flat("inputs")), flat("targets"), flat("loss_mask"))
-    pol, _ = sequence_logps(model(flat("inputs")), flat("targets"), flat("loss_mask"))
+    ref, _ = sequence_logps(forward(base, flat("inputs")), flat("targets"), flat("loss_mask"))
+    pol, _ = sequence_logps(forward(model, flat("inputs")), flat("targets"), flat("loss_mask"))
     chosen = 0.1 * (np.asarray(pol)[0::2] - np.asarray(ref)[0::2])
     assert abs(chosen).max() > 1e-3
     assert float(m["rewards/chosen"]) == pytest.approx(chosen.mean(), rel=1e-4, abs=1e-6)

@@ -31,7 +31,7 @@ def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[np.ndarray, np.
 def recompute(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Full forward of the whole (left-padded) sequences, positions = cumsum(mask) - 1."""
     positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    return np.asarray(model(jnp.asarray(ids), jnp.asarray(positions), segment_ids=jnp.asarray(mask)))
+    return np.asarray(nnx.jit(lambda m, i, p, s: m(i, p, segment_ids=s))(model, ids, positions, mask))
 
 
 PROMPTS = [[5, 9, 33, 41, 7], [12, 3], [100, 200, 7]]
