@@ -4,6 +4,7 @@ Composition errors are caught in a preflight compose (pure Python, no jax) and s
 paragraph; `HYDRA_FULL_ERROR=1` shows the full traceback instead.
 """
 
+import argparse
 import os
 import re
 import sys
@@ -142,12 +143,17 @@ def _takes(parent: Any, key: Any, node: Any) -> str:
     return f"a value of type {kind.__name__}" if isinstance(kind, type) else "a value"
 
 
+def _hydra_args(argv: list[str]) -> argparse.Namespace:
+    """Hydra's reading of the command line (its flags: --cfg, --help, -m, ...)."""
+    return hydra._internal.utils.get_args_parser().parse_args(last_wins(argv))
+
+
 def preflight(argv: list[str]) -> DictConfig | None:
     """Compose and validate what `argv` asks for (each sweep value); raise ConfigError if bad.
 
     Returns the first job's config (None for --help and the like).
     """
-    args = hydra._internal.utils.get_args_parser().parse_args(last_wins(argv))
+    args = _hydra_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     check_submit_host(args.overrides)
@@ -251,8 +257,8 @@ def _checked_and_run() -> None:
             raise
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if launch is not None:  # launcher=local / tpu_pod / xpk: this process only starts the job
-        sys.exit(launch())
+    if launch is not None and not _hydra_args(sys.argv[1:]).cfg:  # --cfg: Hydra prints the config, nothing starts
+        sys.exit(launch())  # launcher=local / tpu_pod / xpk: this process only starts the job
     hydra_task()
     if FAILED_JOBS:
         print(f"{len(FAILED_JOBS)} job(s) failed:\n  " + "\n  ".join(FAILED_JOBS), file=sys.stderr)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import fake_devices, read_metrics, run_cli
 from tests.conftest import train_losses as losses
@@ -212,6 +213,17 @@ def group_alive(pgid: int) -> bool:
 def test_a_sweep_with_a_local_launcher_is_refused(tmp_path):
     res = run_cli(["-m", "seed=0,1", *LOCAL], str(tmp_path))
     assert res.returncode == 2 and "not a sweep (-m)" in res.stderr
+
+
+@pytest.mark.parametrize("launcher", [LOCAL, ["launcher=tpu_pod", "launcher.tpu_name=my-tpu"]], ids=["local", "tpu_pod"])
+def test_cfg_job_with_a_launcher_prints_the_config_and_starts_nothing(launcher, tmp_path):
+    """--cfg job shows the composed config whatever the launcher. It started the job: launcher=local
+    two ranks (which failed on Hydra's flags), launcher=tpu_pod its gcloud ssh command."""
+    res = run_cli(["+recipe=llama_sft", *launcher, "--cfg", "job"], str(tmp_path))
+    assert res.returncode == 0, res.stderr[-2000:]
+    shown = yaml.safe_load(res.stdout)
+    assert shown["launcher"]["name"] == launcher[0].split("=")[1] and shown["algorithm"]["name"] == "sft"
+    assert os.listdir(tmp_path) == []  # no run dir, no rank logs
 
 
 def assert_submitit_two_tasks_train_like(reference, args: list[str], tmp_path) -> None:
