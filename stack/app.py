@@ -148,12 +148,24 @@ def _hydra_args(argv: list[str]) -> argparse.Namespace:
     return hydra._internal.utils.get_args_parser().parse_args(last_wins(argv))
 
 
+def _check_one_mode(args: argparse.Namespace) -> None:
+    """Hydra takes one of -m, --run, --cfg, --info, --shell-completion (it raised a bare ValueError)."""
+    modes = [flag for flag, on in (("-m (--multirun)", args.multirun), ("--run", args.run), ("--cfg", args.cfg),
+                                   ("--info", args.info), ("--shell-completion", args.shell_completion)) if on]
+    if len(modes) > 1:
+        hint = ("to see one job's config, drop -m and give each swept key one of its values (seed=0,1 -> "
+                "seed=0)" if args.multirun and args.cfg else "give one of them")
+        raise ConfigError(f"{' and '.join(modes)} cannot be combined: a command runs, sweeps or shows one thing; "
+                          f"{hint}.")
+
+
 def preflight(argv: list[str]) -> DictConfig | None:
     """Compose and validate what `argv` asks for (each sweep value); raise ConfigError if bad.
 
     Returns the first job's config (None for --help and the like).
     """
     args = _hydra_args(argv)
+    _check_one_mode(args)
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     check_submit_host(args.overrides)

@@ -38,6 +38,11 @@ def test_null_for_a_key_without_null_names_what_it_takes():
     assert msg.startswith("'warm_start' cannot be null") and "(recipe, overrides)" in msg
 
 
+def test_a_sweep_and_a_config_print_cannot_be_combined():
+    """Hydra raised a bare ValueError (a traceback) for -m with --cfg."""
+    assert error_of(["-m", "seed=0,1", "--cfg", "job"]).startswith("-m (--multirun) and --cfg cannot be combined")
+
+
 def test_unknown_group_option_lists_options():
     msg = error_of(["model=llama_huge"])
     assert "'llama_huge'" in msg and "llama_tiny" in msg and "llama3_8b" in msg
