@@ -176,10 +176,21 @@ def dirty_tree() -> str:
     return res.stdout.strip() if res.returncode == 0 else f"{root} is not a git checkout"
 
 
+def known(names: list[str]) -> None:
+    """Exit with one line naming each of `names` that is not a recipe, and the recipes."""
+    from stack.schema import recipe_files
+
+    unknown = [n for n in names if n not in recipe_files()]
+    if unknown:
+        raise SystemExit(f"error: no recipe {', '.join(map(repr, unknown))}; "
+                         f"recipes: {', '.join(sorted(recipe_files()))}")
+
+
 def record(names: list[str]) -> None:
     """Re-record the expectations of `names`; refuses a dirty tree (the numbers must come from a commit)."""
     import tempfile
 
+    known(names)
     dirty = dirty_tree()
     if dirty:
         raise SystemExit(f"error: refusing to record on a dirty tree; commit or stash first:\n{dirty}")
@@ -199,9 +210,8 @@ def show(name: str) -> str:
     """A recipe's header, resolved group choices and key settings, and its expected metrics."""
     from stack.schema import GROUPS, recipe_files
 
-    text = recipe_files().get(name)
-    if text is None:
-        raise SystemExit(f"error: no recipe {name!r}; recipes: {', '.join(sorted(recipe_files()))}")
+    known([name])
+    text = recipe_files()[name]
     cfg = recipe_config(name)
     choices = "  ".join(f"{g}={cfg[g].name}" for g in GROUPS)
     t = cfg.trainer

@@ -215,7 +215,8 @@ def test_a_sweep_with_a_local_launcher_is_refused(tmp_path):
     assert res.returncode == 2 and "not a sweep (-m)" in res.stderr
 
 
-@pytest.mark.parametrize("launcher", [LOCAL, ["launcher=tpu_pod", "launcher.tpu_name=my-tpu"]], ids=["local", "tpu_pod"])
+@pytest.mark.parametrize("launcher", [LOCAL, ["launcher=tpu_pod", "launcher.tpu_name=my-tpu"]],
+                         ids=["local", "tpu_pod"])
 def test_cfg_job_with_a_launcher_prints_the_config_and_starts_nothing(launcher, tmp_path):
     """--cfg job shows the composed config whatever the launcher. It started the job: launcher=local
     two ranks (which failed on Hydra's flags), launcher=tpu_pod its gcloud ssh command."""

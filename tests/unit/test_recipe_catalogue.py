@@ -70,6 +70,13 @@ def test_record_refuses_a_dirty_tree(tmp_path, monkeypatch):
         recipes.record(["llama_sft"])
 
 
+def test_an_unknown_recipe_is_one_line_before_anything_is_recorded():
+    """`record NAME` with a misspelt NAME was Hydra's MissingConfigException (a traceback)."""
+    for call in (lambda: recipes.record(["llama_sft", "llama_sfx"]), lambda: recipes.show("llama_sfx")):
+        with pytest.raises(SystemExit, match="^error: no recipe 'llama_sfx'; recipes: .*llama_sft"):
+            call()
+
+
 REPORT = """mode=compile: model=llama3_8b on hardware=tpu_v5e (v5e:2x4, 8 device(s), 1 host(s)), mesh=fsdp
 per device total: 15.13 GiB of 16.00 GiB HBM (95%)
 FLOPs per device per step: 4.373e+13 (XLA), 4.693e+13 (model formula); predicted step time ...
