@@ -39,14 +39,15 @@ class ModelReward:
     """The reward model of a checkpoints dir written by an `algorithm=rm` run."""
 
     init_from: str
+    key: str = "'reward.init_from'"  # how errors name init_from (the stack.generate --score path)
 
     def run_config(self) -> DictConfig:
         """The resolved config of the run that wrote the checkpoints (its `config.yaml`)."""
         from stack.policy import run_config
 
-        cfg = run_config(self.init_from, key="'reward.init_from'=")
+        cfg = run_config(self.init_from, key=f"{self.key}=")
         if cfg.algorithm.name != "rm":
-            raise ConfigError(f"'reward.init_from'={self.init_from!r} was written by algorithm="
+            raise ConfigError(f"{self.key}={self.init_from!r} was written by algorithm="
                               f"{cfg.algorithm.name!r}, not a reward model (algorithm=rm).")
         return cfg
 
@@ -66,7 +67,7 @@ class ModelReward:
             head = ScalarHead(model_cfg.d_model)
         trunk, _, saved = load_policy(self.init_from)  # a LoRA-trained RM: adapters merged into the trunk
         if "score" not in saved.tree:
-            raise ConfigError(f"'reward.init_from'={self.init_from!r} (step {saved.step}) holds no `score` head.")
+            raise ConfigError(f"{self.key}={self.init_from!r} (step {saved.step}) holds no `score` head.")
         assign_params(head, saved.tree["score"], f"{self.init_from}/{saved.step}")
         return RewardScorer(trunk, head)
 
@@ -77,7 +78,7 @@ def score_texts(checkpoints: str, prompts: list[str], completions: list[str]) ->
     from stack.data.encode import Encoder
     from stack.data.tokenizers import make_tokenizer
 
-    reward = ModelReward(checkpoints)
+    reward = ModelReward(checkpoints, key="--score scores with a reward model; its checkpoints")
     cfg = reward.run_config()
     scorer = reward.load()
     tokenizer = make_tokenizer(cfg.data.tokenizer)

@@ -194,13 +194,16 @@ def test_bad_ppo_configs_are_one_clear_error(overrides, match):
 
 def test_a_reward_model_dir_must_hold_a_reward_model(tmp_path):
     from stack.errors import ConfigError
-    from stack.rewards.model import ModelReward
+    from stack.rewards.model import ModelReward, score_texts
 
     with pytest.raises(ConfigError, match="no run config.yaml beside it"):
         ModelReward(str(tmp_path / "checkpoints")).load()
     (tmp_path / "config.yaml").write_text("algorithm:\n  name: sft\n")
     with pytest.raises(ConfigError, match="written by algorithm='sft', not a reward model"):
         ModelReward(str(tmp_path / "checkpoints")).load()
+    with pytest.raises(ConfigError, match="^--score scores with a reward model; its checkpoints='.*' was written by "
+                                          "algorithm='sft'"):  # stack.generate --score: no reward.init_from key
+        score_texts(str(tmp_path / "checkpoints"), ["1+2="], ["3"])
 
 
 def test_grpo_refuses_a_reward_model():
