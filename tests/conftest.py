@@ -1,6 +1,7 @@
 """Shared test scaffolding: composing configs, the shrink overrides, reading metrics.jsonl,
 fake devices, capturing logged rows, running the CLI (integration tests only)."""
 
+import functools
 import json
 import os
 import subprocess
@@ -53,6 +54,19 @@ def run_cli(args: list[str], cwd: str, env: dict | None = None, timeout: int = 3
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     return subprocess.run([sys.executable, "-m", "stack", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+@functools.cache
+def _jitted_call():
+    from flax import nnx
+
+    return nnx.jit(lambda model, *args: model(*args))
+
+
+def forward(model, *args):
+    """`model(*args)` as one compiled program (called op by op, each operation compiles on its own:
+    seconds per new shape on a cold compilation cache)."""
+    return _jitted_call()(model, *args)
 
 
 class FixedLogits:

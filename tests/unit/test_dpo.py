@@ -182,7 +182,8 @@ def test_the_head_at_completion_positions_gives_the_full_heads_loss_and_gradient
     assert cut["completion_positions"].shape == (12, 2, 8)
     assert cut["inputs"].shape == ((12, 72) if "share_prompt" in layout else (12, 2, 64))
 
-    def loss_and_grads(batch):
+    @nnx.jit  # one compiled program per layout (op by op, each operation compiled on its own)
+    def loss_and_grads(batch, policy, reference):
         xp = experience(dpo, batch, policy, reference)
         def loss(m):
             (num, den), metrics = dpo.loss(models(m), xp, None, (), None)
@@ -191,7 +192,7 @@ def test_the_head_at_completion_positions_gives_the_full_heads_loss_and_gradient
         (value, metrics), grads = nnx.value_and_grad(loss, has_aux=True)(policy)
         return value, metrics, jax.tree.leaves(grads)
 
-    (want, want_m, want_g), (got, got_m, got_g) = loss_and_grads(full), loss_and_grads(cut)
+    (want, want_m, want_g), (got, got_m, got_g) = (loss_and_grads(b, policy, reference) for b in (full, cut))
     assert float(got) == pytest.approx(float(want), rel=1e-5)
     for k in set(want_m) - {"packing_efficiency"}:  # the real positions' share of a row: its layout's
         np.testing.assert_allclose(np.asarray(got_m[k]), np.asarray(want_m[k]), rtol=1e-5, atol=1e-6, err_msg=k)

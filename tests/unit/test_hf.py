@@ -20,12 +20,11 @@ from stack.models.hf import export_hf, load_hf_weights  # noqa: E402
 from stack.models.hf_config import check_config, hf_config_to_model  # noqa: E402
 from stack.models.init import abstract_model  # noqa: E402
 from stack.schema.model import ModelConfig, RopeScalingConfig  # noqa: E402
-from tests.conftest import fake_devices  # noqa: E402
+from tests.conftest import fake_devices, forward  # noqa: E402
 
 SEQ = 48
 SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16}
-forward = nnx.jit(lambda model, tokens: model(tokens))
 
 
 def hf_model(tie: bool = False, rope_scaling: dict | None = None):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_cfg
+from tests.conftest import forward, make_cfg
 
 from stack.models.init import abstract_model, init_model, param_count
 from stack.models.llama import Llama, unfuse
@@ -43,9 +43,6 @@ def randomized(cfg, seed: int = 0) -> Llama:
 
     nnx.update(model, jax.tree.map(draw, nnx.state(model, nnx.Param)))
     return model
-
-
-forward = nnx.jit(lambda model, *args: model(*args))
 
 
 # ---------------------------------------------------------------- independent references

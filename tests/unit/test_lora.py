@@ -14,11 +14,10 @@ from stack.models.init import init_model
 from stack.quant.providers import make_quantization
 from stack.trainer import Trainer
 from stack.validate import validate
-from tests.conftest import QUICK, loss_of, make_cfg, models
+from tests.conftest import QUICK, forward, loss_of, make_cfg, models
 
 LORA = ["quantization=lora", "quantization.rules.0.rank=4", "quantization.rules.0.alpha=12.0"]
 QLORA = ["quantization=qlora_nf4", "quantization.rules.0.tile_size=16"]
-forward = nnx.jit(lambda model, x: model(x))  # one compiled program, not one per operation
 
 
 def lora_model(overrides, seed=0):
@@ -51,7 +50,7 @@ def test_lora_forward_equals_merged_weights_by_hand():
             n += 1
     assert n == 7 * cfg.model.n_layers
     x = tokens()
-    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(plain(x)), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(forward(model, x)), np.asarray(forward(plain, x)), atol=2e-5)
 
 
 def centered_cosine(a, b):

@@ -11,7 +11,7 @@ from stack.errors import ConfigError
 from stack.models.init import init_model
 from stack.quant import ptq
 from stack.quantize import ptq_config, write_checkpoint
-from tests.conftest import make_cfg
+from tests.conftest import forward, make_cfg
 
 QMAX_INT8 = 127.5  # Qwix's symmetric bound for int8: qmax + 0.5 (scale = absmax / 127.5)
 
@@ -72,11 +72,11 @@ def test_a_ptq_checkpoint_reads_back_and_dequantizes_for_export(tmp_path, option
     loaded, run, saved = load_policy(str(tmp_path / "checkpoints"))
     assert saved.step == 7 and saved.quantized and run.quantization.name == option
     tokens = np.asarray(_batches(cfg, "eval", 1)[0]["inputs"])
-    np.testing.assert_array_equal(np.asarray(loaded(tokens)), np.asarray(quantized(tokens)))
+    np.testing.assert_array_equal(np.asarray(forward(loaded, tokens)), np.asarray(forward(quantized, tokens)))
     plain, _, _ = float_policy(str(tmp_path / "checkpoints"))
     assert type(plain).__name__ == "Llama" and not hasattr(type(plain), "_unquantized_type")
-    np.testing.assert_allclose(np.asarray(plain(tokens)), np.asarray(quantized(tokens)), atol=2e-5)
-    assert float(jax.numpy.abs(plain(tokens) - model(tokens)).max()) > 1e-4  # the quantized weights, not float
+    np.testing.assert_allclose(np.asarray(forward(plain, tokens)), np.asarray(forward(quantized, tokens)), atol=2e-5)
+    assert float(jax.numpy.abs(forward(plain, tokens) - forward(model, tokens)).max()) > 1e-4  # the quantized weights, not float
 
 
 @pytest.mark.parametrize("overrides, match", [

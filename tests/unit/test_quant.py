@@ -10,7 +10,7 @@ from stack.errors import ConfigError
 from stack.models.init import init_model
 from stack.quant.providers import make_quantization, unquantized
 from stack.validate import validate
-from tests.conftest import make_cfg
+from tests.conftest import forward, make_cfg
 from tests.unit.test_lora import random_adapters, tokens
 
 BOUND = {"int8": (127.5, -128, 127), "int4": (7.5, -8, 7)}  # Qwix numerics: symmetric bound = qmax + 0.5
@@ -61,10 +61,10 @@ def test_qat_weights_equal_a_numpy_fake_quantization(qtype, tile):
                     f"quantization.rules.0.weight_qtype={qtype}", f"quantization.rules.0.tile_size={tile or 'null'}"])
     float_model = with_kernels(cfg, lambda w: untied(w, 0, tile))
     x = tokens(shape=(2, 24))
-    want = with_kernels(cfg, lambda w: fake_quant(untied(w, 0, tile), qtype, axis=0, tile=tile))(x)
+    want = forward(with_kernels(cfg, lambda w: fake_quant(untied(w, 0, tile), qtype, axis=0, tile=tile)), x)
     model = make_quantization(cfg.quantization, 0).apply(float_model)
-    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(want), atol=2e-5)
-    drift = np.abs(np.asarray(float_model(x)) - np.asarray(want)).max()
+    np.testing.assert_allclose(np.asarray(forward(model, x)), np.asarray(want), atol=2e-5)
+    drift = np.abs(np.asarray(forward(float_model, x)) - np.asarray(want)).max()
     assert drift > 1e-4  # the quantization is visible: the test can tell QAT from float
 
 
@@ -114,9 +114,9 @@ def test_finalize_merges_adapters_into_the_base(option):
     merged = init_model(cfg.model, 1)
     assign_params(merged, quant.finalize(adapted), "test")
     x = tokens()
-    np.testing.assert_allclose(np.asarray(merged(x)), np.asarray(adapted(x)), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(forward(merged, x)), np.asarray(forward(adapted, x)), atol=2e-5)
     base = init_model(cfg.model, 0)
-    assert np.abs(np.asarray(base(x)) - np.asarray(adapted(x))).max() > 1e-3  # the adapters matter
+    assert np.abs(np.asarray(forward(base, x)) - np.asarray(forward(adapted, x))).max() > 1e-3  # the adapters matter
 
 
 @pytest.mark.parametrize("overrides,match", [
