@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
+from stack.errors import ConfigError
 from stack.jobstatus import job_outcome
 
 FAILED_JOBS: list[str] = []
@@ -68,10 +69,10 @@ def read_job(job_dir: str, metric: str | None) -> Job:
 def read_sweep(sweep_dir: str, metric: str | None = None) -> list[Job]:
     """Every job of `sweep_dir` (a subdir with `.hydra/overrides.yaml`), in job order."""
     if not os.path.isdir(sweep_dir):
-        raise SystemExit(f"error: {sweep_dir!r} is not a directory (give a Hydra multirun sweep dir).")
+        raise ConfigError(f"{sweep_dir!r} is not a directory (give a Hydra multirun sweep dir).")
     dirs = [d for d in os.listdir(sweep_dir) if os.path.isfile(os.path.join(sweep_dir, d, ".hydra", "overrides.yaml"))]
     if not dirs:
-        raise SystemExit(f"error: {sweep_dir!r} holds no Hydra jobs (subdirs with .hydra/overrides.yaml).")
+        raise ConfigError(f"{sweep_dir!r} holds no Hydra jobs (subdirs with .hydra/overrides.yaml).")
     dirs.sort(key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d))
     return [read_job(os.path.join(sweep_dir, d), metric) for d in dirs]
 
@@ -205,7 +206,7 @@ class SweepReport(Callback):
         sweep_dir = str(config.hydra.sweep.dir)
         try:
             jobs = read_sweep(sweep_dir)
-        except SystemExit:
+        except ConfigError:
             return  # no job ran (e.g. interrupted before the first)
         FAILED_JOBS.extend(f"{sweep_dir}/{j.name}: {j.error or j.status}" for j in jobs
                            if j.status in ("failed", "refused", "unfinished", "stopped_nonfinite"))
@@ -220,7 +221,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("sweep_dir", help="a Hydra multirun dir, e.g. multirun/2026-11-23/10-00-00")
     parser.add_argument("--metric", default=None, help="default: each job's objective (trainer.objective)")
     args = parser.parse_args(argv)
-    print(report(args.sweep_dir, args.metric))
+    try:
+        print(report(args.sweep_dir, args.metric))
+    except ConfigError as exc:  # exit 2, as every stack command given a bad argument
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import yaml
 
 from stack.errors import ConfigError
 from stack.jobstatus import FILE, REFUSED, write_status
+from stack.report import main as report_main
 from stack.report import read_sweep, report, table
 from stack.sweeper import search_space
 
@@ -63,8 +64,17 @@ def test_losses_sort_ascending_and_the_metric_can_be_chosen(tmp_path):
     assert table(read_sweep(str(tmp_path))).splitlines()[1].split()[:4] == ["0", "1e-3", "2", "2"]
     train = read_sweep(str(tmp_path), metric="train/loss")
     assert [j.final for j in train] == [1.0, 1.0] and train[0].objective == "train/loss"
-    with pytest.raises(SystemExit, match="holds no Hydra jobs"):
+    with pytest.raises(ConfigError, match="holds no Hydra jobs"):
         read_sweep(str(tmp_path / "0"))
+
+
+def test_a_bad_sweep_dir_is_one_line_and_exit_2(tmp_path, capsys):
+    """As every stack command given a bad argument (stack.generate, stack.hf, python -m stack)."""
+    with pytest.raises(SystemExit) as info:
+        report_main([str(tmp_path / "missing")])
+    assert info.value.code == 2
+    missing = str(tmp_path / "missing")
+    assert capsys.readouterr().err == f"error: {missing!r} is not a directory (give a Hydra multirun sweep dir).\n"
 
 
 def test_search_space_from_hydra_sweep_syntax():
