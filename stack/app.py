@@ -54,7 +54,7 @@ def _override_sets(overrides: list[str]) -> list[list[str]]:
     for o in _parsed(overrides):
         value = o.input_line.split("=", 1)[1] if "=" in o.input_line else ""
         if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value and "," not in value:
-            creatable(value, o.key_or_group)  # Hydra makes it before any code of ours runs
+            creatable(value, o.key_or_group, keep=False)  # Hydra makes it (a job starts) with no check of ours
         if o.key_or_group.startswith("hydra"):
             continue
         if o.is_delete():  # ~key: no value to check

@@ -44,13 +44,22 @@ def owned(run_dir: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def creatable(path: str, key: str) -> None:
-    """Make the directory `path` (and its parents) or raise a ConfigError naming `key` and why not."""
+def creatable(path: str, key: str, keep: bool = True) -> None:
+    """Make the directory `path` (and its parents) or raise a ConfigError naming `key` and why not.
+    `keep=False` only checks: what it made is removed again (e.g. for `--cfg job`, which runs nothing)."""
+    top = os.path.abspath(path)
+    while not os.path.exists(os.path.dirname(top)):
+        top = os.path.dirname(top)  # the topmost directory this call makes
+    made = not os.path.exists(path)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"'{key}'={path!r} cannot be created ({exc.strerror or exc}): point it at a directory "
                           "you can write, e.g. under your home or the current directory.") from None
+    d = os.path.abspath(path)
+    while made and not keep:
+        os.rmdir(d)
+        made, d = d != top, os.path.dirname(d)
 
 
 def check_not_completed(run_dir: str) -> None:

@@ -1,5 +1,7 @@
 """Bad input fails before compute: one paragraph naming key, value and what is allowed."""
 
+import os
+
 import pytest
 
 from stack.app import preflight
@@ -41,6 +43,17 @@ def test_null_for_a_key_without_null_names_what_it_takes():
 def test_a_sweep_and_a_config_print_cannot_be_combined():
     """Hydra raised a bare ValueError (a traceback) for -m with --cfg."""
     assert error_of(["-m", "seed=0,1", "--cfg", "job"]).startswith("-m (--multirun) and --cfg cannot be combined")
+
+
+def test_hydra_dirs_are_checked_not_made(tmp_path):
+    """preflight checks that hydra.run.dir / hydra.sweep.dir can be made; making them is Hydra's, when
+    a job starts (`--cfg job` left an empty directory). An existing one is left alone."""
+    (tmp_path / "kept").mkdir()
+    for key, path in [("hydra.run.dir", tmp_path / "a" / "b"), ("hydra.sweep.dir", tmp_path / "c"),
+                      ("hydra.run.dir", tmp_path / "kept")]:
+        assert preflight([f"{key}={path}", "--cfg", "job"]) is not None
+    assert sorted(os.listdir(tmp_path)) == ["kept"]
+    assert error_of(["hydra.run.dir=/proc/nope/run"]).startswith("'hydra.run.dir'='/proc/nope/run' cannot be created")
 
 
 def test_unknown_group_option_lists_options():
