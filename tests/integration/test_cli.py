@@ -121,6 +121,16 @@ def test_wandb_group_is_the_sweep_name(tmp_path):
     assert {r["group"] for r in runs} == {str(tmp_path / "sweep").replace("/", "_").strip("_")}
 
 
+def test_help_says_what_stack_is_and_lists_the_recipes(tmp_path):
+    """--help was Hydra's 'app is powered by Hydra.' header; now ours, over Hydra's lists."""
+    res = run_cli(["--help"], str(tmp_path))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("stack: compose an experiment from config groups")
+    assert "powered by Hydra." not in res.stdout
+    assert re.search(r"^recipe: .*llama_dpo.*llama_sft", res.stdout, re.M)  # Hydra's group list follows
+    assert os.listdir(tmp_path) == []
+
+
 def test_mode_validate_builds_shape_only(capsys):
     from stack.run import run
 
