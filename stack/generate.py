@@ -45,11 +45,14 @@ def load(path: str, chat: bool = False):
         load_hf_weights(model, cfg, path)
         tokenizer = make_tokenizer(path) if has_tokenizer else ByteTokenizer()
         return model, tokenizer, cfg.max_seq_len, ("tokenizer", path) if has_tokenizer else None
+    from stack.policy import load_policy
+    from stack.saved_params import checkpoints_of
+
+    path = checkpoints_of(path)
     config = os.path.join(os.path.dirname(os.path.abspath(path.rstrip("/"))), "config.yaml")
     if not os.path.isdir(path) or not os.path.isfile(config):
         raise ConfigError(f"{path!r} is neither a Hugging Face Llama dir (with config.json) nor a stack run's "
-                          "checkpoints dir (with the run's config.yaml beside it).")
-    from stack.policy import load_policy
+                          "dir or its checkpoints dir (with the run's config.yaml beside it).")
 
     model, run, _ = load_policy(path)  # a LoRA run's adapters merged into its base
     return model, make_tokenizer(run.data.tokenizer), run.model.max_seq_len, (run.data.chat_template, run.data.tokenizer)
@@ -97,7 +100,7 @@ def sample(model, tokenizer, encoded: list[list[int]], args: argparse.Namespace,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stack.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("path", help="a stack run's checkpoints dir or a Hugging Face Llama dir")
+    parser.add_argument("path", help="a stack run's dir (or its checkpoints dir) or a Hugging Face Llama dir")
     parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch of prompts")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=1.0)

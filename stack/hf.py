@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stack.hf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="a run's checkpoint -> a Hugging Face Llama directory")
-    ex.add_argument("checkpoints", help="a run's checkpoints dir (its config.yaml is read from the run dir)")
+    ex.add_argument("checkpoints", help="a run's checkpoints dir or the run dir (its config.yaml is read)")
     ex.add_argument("--out", required=True)
     ex.add_argument("--step", type=int, default=None, help="default: the newest complete step")
     ex.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

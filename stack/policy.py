@@ -20,6 +20,9 @@ from stack.errors import ConfigError
 def run_config(checkpoints: str, key: str = "") -> DictConfig:
     """The resolved config of the run that wrote `checkpoints` (its `config.yaml`); `key` names
     the setting that gave the path, for the error."""
+    from stack.saved_params import checkpoints_of
+
+    checkpoints = checkpoints_of(checkpoints)
     path = os.path.join(os.path.dirname(os.path.abspath(checkpoints.rstrip("/"))), "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError(f"{key}{checkpoints!r}: no run config.yaml beside it (expected the checkpoints dir of a "

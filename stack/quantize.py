@@ -141,7 +141,7 @@ def format_report(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stack.quantize", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoints", help="a stack run's checkpoints dir (float, or LoRA: adapters merged first)")
+    parser.add_argument("checkpoints", help="a run's checkpoints dir or run dir (float; LoRA: adapters merged first)")
     parser.add_argument("overrides", nargs="*", help=f"quantization=<{PTQ_OPTIONS}>, data=..., key=value")
     parser.add_argument("--out", required=True, help="new directory for the quantized checkpoint and the report")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")

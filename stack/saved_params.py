@@ -29,8 +29,18 @@ class Saved(NamedTuple):
     model: dict[str, Any] | None = None  # the writing run's `model` config (None: not recorded)
 
 
+def checkpoints_of(path: str) -> str:
+    """`path`, or `path/checkpoints` when `path` is a run dir (its config.yaml and checkpoints/
+    inside): wherever a run's checkpoints dir is asked for, the run dir stands for it."""
+    inner = os.path.join(path, "checkpoints")
+    if "://" not in path and os.path.isfile(os.path.join(path, "config.yaml")) and os.path.isdir(inner):
+        return inner
+    return path
+
+
 def read_params(path: str, step: int | None = None) -> Saved:
-    """The saved params of a checkpoints dir (newest step, or `step`), as host arrays."""
+    """The saved params of a checkpoints dir or its run dir (newest step, or `step`), as host arrays."""
+    path = checkpoints_of(path)
     if not os.path.isdir(path) and "://" not in path:
         raise ConfigError(f"{path!r}: no such checkpoints dir (expected a run's checkpoints/ folder).")
     root = os.path.abspath(path) if "://" not in path else path

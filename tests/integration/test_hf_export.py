@@ -56,8 +56,8 @@ def generate_cli(path, *args) -> subprocess.CompletedProcess:
 def test_generate_from_a_checkpoint_and_from_its_hf_export_match_transformers(tmp_path):
     a, out = tmp_path / "a", tmp_path / "hf"
     assert run_cli(RUN + ["trainer.steps=20", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path)).returncode == 0
-    assert subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out)],
-                          capture_output=True).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a), "--out", str(out)],  # a run dir
+                          capture_output=True).returncode == 0  # stands for its checkpoints dir
     prompts = ["--prompt", "12+7=", "--prompt", "3+45="]
     ours = generate_cli(a / "checkpoints", *prompts, "--greedy", "--max-new-tokens", "5")
     assert ours.returncode == 0, ours.stderr[-2000:]
@@ -69,7 +69,7 @@ def test_generate_from_a_checkpoint_and_from_its_hf_export_match_transformers(tm
         want = theirs.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=2, pad_token_id=0)[0, ids.shape[1]:]
         text = bytes(t - 3 for t in want.tolist() if 3 <= t < 259).decode(errors="replace")
         assert line == prompt + text
-    sampled = generate_cli(a / "checkpoints", "--prompt", "12+7=", "--temperature", "0.9", "--top-p", "0.9",
+    sampled = generate_cli(a, "--prompt", "12+7=", "--temperature", "0.9", "--top-p", "0.9",
                            "--num-samples", "3", "--seed", "1")
     assert sampled.returncode == 0 and len(sampled.stdout.splitlines()) == 3
 

@@ -226,7 +226,8 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
 
     model = init_model(make_cfg(["algorithm=dpo", "data=jsonl_prefs"]).model, 0)
     own = np.asarray(model.embed.embedding[...])
-    reference = DPO(reference={"init_from": str(a / "checkpoints")}).setup(model, Context(NoQuantization())).frozen["reference"]
+    # the run dir stands for its checkpoints dir (stack.saved_params.checkpoints_of)
+    reference = DPO(reference={"init_from": str(a)}).setup(model, Context(NoQuantization())).frozen["reference"]
     saved = ocp.CheckpointManager(str(a / "checkpoints")).restore(
         10, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]["policy"]
     frozen = nnx.state(reference, nnx.Param)
