@@ -61,6 +61,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"'trainer.eval_every'={cfg.trainer.eval_every} must be >= 0 (0: only at the start and the end).")
     _check_rope(m.rope_scaling)
     _check_optimizer(cfg.optimizer)
+    _check_data_kind(cfg)  # before the data's own keys: a recipe's keys for another kind are then explained
     _check_data(cfg.data)
     _check_checkpoint(cfg.checkpoint)
     _check_profile(cfg.trainer.profile, cfg.trainer.steps)
@@ -125,13 +126,18 @@ def _check_reward(cfg: DictConfig) -> None:
         raise ConfigError(f"'reward.timeout'={r.timeout} must be > 0 (seconds per batch).")
 
 
-def _check_algorithm(cfg: DictConfig) -> None:
-    """The algorithm's own rules and the data it reads, as its schema states them."""
+def _check_data_kind(cfg: DictConfig) -> None:
+    """The data the algorithm reads, as its schema states it."""
     schema = OmegaConf.get_type(cfg.algorithm)
     if cfg.data.kind not in schema.data_kinds:
         raise ConfigError(
             f"'data.kind'={cfg.data.kind!r} does not fit algorithm={cfg.algorithm.name!r}, which reads "
             f"{' or '.join(schema.data_kinds)} records; pick a matching data option.")
+
+
+def _check_algorithm(cfg: DictConfig) -> None:
+    """The algorithm's own rules, as its schema states them."""
+    schema = OmegaConf.get_type(cfg.algorithm)
     schema.check(cfg.algorithm, cfg)
     if cfg.data.share_prompt and not schema.shared_prompt_rows:
         raise ConfigError(f"'data.share_prompt'=true lays pairs out for algorithm=dpo; algorithm="

@@ -103,7 +103,7 @@ def test_unknown_key_in_a_chain_entry_lists_its_keys():
 
 def test_data_config_mistakes_fail_before_compute():
     assert "'data.packing'=true works for data.kind text and sft, not 'preference'" in error_of(
-        ["data=jsonl_prefs", "data.packing=true"])
+        ["algorithm=dpo", "data=jsonl_prefs", "data.packing=true"])
     assert "'data.max_bad_fraction'=1.5 must be in [0, 1)" in error_of(["data.max_bad_fraction=1.5"])
     assert "Unknown value 'chatm' for 'data.chat_template'. Did you mean chatml?" in error_of(["data.chat_template=chatm"])
     assert "'data.path' is required for data.source='parquet'" in error_of(["data.source=parquet"])
@@ -143,6 +143,14 @@ def test_the_algorithm_says_which_data_it_reads():
     msg = error_of(["data=jsonl_prefs"])
     assert "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text records" in msg
     assert "'algorithm.loss_type'" in error_of(["algorithm=dpo", "data=jsonl_prefs", "algorithm.loss_type=ipx"])
+    # a DPO recipe on SFT data: the mismatch, not the recipe's preference-only key it trips first
+    assert error_of(["+recipe=llama_dpo", "data=jsonl_sft"]).startswith("'data.kind'='sft' does not fit algorithm='dpo'")
+
+
+def test_a_recipe_without_its_plus_says_to_add_one():
+    """Hydra's hint (its second line) was dropped: 'Cannot compose ...: Could not override 'recipe'.'"""
+    assert error_of(["recipe=llama_sft"]) == ("recipe=llama_sft: 'recipe' is not a group of the default config, so it "
+                                              "cannot be overridden; add it with a plus: +recipe=llama_sft.")
 
 
 @pytest.mark.parametrize("argv, words", [
