@@ -57,10 +57,11 @@ def describe(s: Summary, objective: str) -> str:
     resumed = f" (resumed after step {s.first_step - 1})" if s.first_step > 1 else ""
     perf = s.perf
     change = f"{start:.4f} -> " if start is not None else ""
+    rate = (f"{perf['perf/tokens_per_sec']:,.0f} tok/s, MFU {perf.get('perf/mfu', 0.0):.1%}" if "perf/tokens_per_sec"
+            in perf else "no tok/s (its one step compiled)")
     return (f"done: {s.final_step} steps{resumed} in {perf.get('seconds', 0.0):.1f}s "
             f"(compile {perf.get('compile_seconds', 0.0):.2f}s) | train/loss {s.train.get('train/loss', math.nan):.4f} | "
-            f"{objective} {change}{value if value is None else f'{value:.4f}'} | "
-            f"{perf.get('perf/tokens_per_sec', 0.0):,.0f} tok/s, MFU {perf.get('perf/mfu', 0.0):.1%} | {s.run_dir}")
+            f"{objective} {change}{value if value is None else f'{value:.4f}'} | {rate} | {s.run_dir}")
 
 
 def train_run(cfg: DictConfig) -> Summary:

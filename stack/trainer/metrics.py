@@ -125,5 +125,6 @@ class Throughput(Hook):
     def on_end(self, run: Run) -> None:
         jax.block_until_ready(run.state.params)
         run.perf["seconds"] = time.perf_counter() - self.wall_start
-        rates = self._rates(run, self.steady_steps, run.clock.now() - self.steady_start)
-        run.perf.update({k: v for k, v in rates.items() if k != "perf/step_seconds"})
+        if self.steady_steps:  # else the run's one step compiled: no rate (it was recorded as 0 tok/s)
+            rates = self._rates(run, self.steady_steps, run.clock.now() - self.steady_start)
+            run.perf.update({k: v for k, v in rates.items() if k != "perf/step_seconds"})

@@ -273,6 +273,17 @@ def test_summary_is_typed_and_names_the_objective(tmp_path):
     assert summary.perf["perf/tokens_per_sec"] > 0 and summary.run_dir == str(tmp_path)
 
 
+def test_a_one_step_run_reports_no_rate_rather_than_zero(tmp_path):
+    """Its only step compiled, so nothing measures a steady rate: summary.json had perf/tokens_per_sec
+    0 and perf/mfu 0, and the last line said '0 tok/s, MFU 0.0%'."""
+    from stack.run import describe
+
+    summary = train(build(make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=1"]), str(tmp_path)))
+    assert summary.final_step == 1 and summary.perf["compile_seconds"] > 0
+    assert not {"perf/tokens_per_sec", "perf/mfu"} & set(summary.perf)
+    assert "| no tok/s (its one step compiled) |" in describe(summary, "eval/loss")
+
+
 def test_global_batch_in_one_process_is_the_stacked_rows(tmp_path):
     exp = build(make_cfg(TINY + [f"run_dir={tmp_path}", "data=jsonl_prompts"]), str(tmp_path))
     rows = [exp.eval_batches[0], exp.eval_batches[0]]
