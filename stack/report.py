@@ -94,12 +94,23 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
+def _value(text: str) -> str:
+    """An override value for the table: a float Optuna drew (0.3053540542751055) to 4 significant
+    digits, as typed otherwise (1e-3, cpu); summary.csv keeps them exact."""
+    try:
+        short_form = f"{float(text):.4g}"
+    except ValueError:
+        return text
+    return short_form if len(short_form) < len(text) and not text.isdigit() else text
+
+
 def table(jobs: list[Job]) -> str:
     """The text table, best job first."""
     keys = varying(jobs)
     metric = next((j.objective for j in jobs if j.objective), "objective")
     head = ["job", *keys, f"{metric} (final)", "best", "status", "seconds"]
-    rows = [[j.name, *(j.overrides.get(k, "") for k in keys), _fmt(j.final), _fmt(j.best), j.status, _fmt(j.seconds)]
+    rows = [[j.name, *(_value(j.overrides.get(k, "")) for k in keys), _fmt(j.final), _fmt(j.best), j.status,
+             _fmt(j.seconds)]
             for j in ranked(jobs)]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows])

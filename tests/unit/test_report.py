@@ -29,7 +29,7 @@ def job(root, name, overrides, metric, values, status=None):
 def test_table_sorts_by_the_objective_and_shows_only_varying_overrides(tmp_path):
     metric = "eval/rewards/accuracies"  # larger is better: the best job first
     job(tmp_path, "0", ["algorithm.beta=0.1", "seed=0"], metric, [0.5, 0.7, 0.6], "completed")
-    job(tmp_path, "1", ["algorithm.beta=0.5", "seed=0"], metric, [0.5, 0.9], "completed")
+    job(tmp_path, "1", ["algorithm.beta=0.5053540542751055", "seed=0"], metric, [0.5, 0.9], "completed")  # Optuna's
     job(tmp_path, "2", ["algorithm.beta=0.9", "seed=0"], metric, [0.5], None)  # killed: no status
     job(tmp_path, "10", ["algorithm.beta=0.3", "seed=0"], metric, [], "failed")
     jobs = read_sweep(str(tmp_path))
@@ -37,6 +37,7 @@ def test_table_sorts_by_the_objective_and_shows_only_varying_overrides(tmp_path)
     lines = table(jobs).splitlines()
     assert lines[0].split() == ["job", "algorithm.beta", f"{metric}", "(final)", "best", "status", "seconds"]
     assert [line.split()[0] for line in lines[1:]] == ["1", "0", "2", "10"]
+    assert [line.split()[1] for line in lines[1:]] == ["0.5054", "0.1", "0.9", "0.3"]  # 4 significant digits
     assert lines[2].split()[2:] == ["0.6", "0.7", "completed", "2.5"]  # final 0.6, best 0.7 (max)
     assert lines[3].split()[-2:] == ["unfinished", "-"]
     text = report(str(tmp_path))
@@ -44,7 +45,8 @@ def test_table_sorts_by_the_objective_and_shows_only_varying_overrides(tmp_path)
     with open(tmp_path / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["job"], r["algorithm.beta"], r["status"]) for r in rows] == [
-        ("1", "0.5", "completed"), ("0", "0.1", "completed"), ("2", "0.9", "unfinished"), ("10", "0.3", "failed")]
+        ("1", "0.5053540542751055", "completed"), ("0", "0.1", "completed"), ("2", "0.9", "unfinished"),
+        ("10", "0.3", "failed")]  # exact
 
 
 def test_a_refused_rerun_shows_until_the_dirs_run_writes_its_status_again(tmp_path):
