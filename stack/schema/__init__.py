@@ -7,6 +7,7 @@ The root schema is `schema/root`, used by `conf/config.yaml`.
 
 import math
 from importlib.resources import files
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -54,6 +55,13 @@ def shipped_data(name: str) -> str:
     return str(files("stack.conf.recipe").joinpath("data", name))
 
 
+def paired_eval(path: Any, train: str, held_out: str) -> str | None:
+    """The shipped eval file `held_out` while `data.path` is the shipped file `train` it was split
+    from (resolver `stack_eval`); else None: your own data.path is evaluated on a seeded
+    `data.eval_fraction` of itself (or set data.eval_path), never on the shipped sample."""
+    return shipped_data(held_out) if path == shipped_data(train) else None
+
+
 def mesh_axis_size(option: str, axis: str) -> int:
     """Axis size in mesh option `option` (resolver `stack_mesh`, used by mesh=auto)."""
     path = files("stack.conf").joinpath("mesh", f"{option}.yaml")
@@ -94,6 +102,7 @@ def register() -> None:
     once would make Hydra treat the stored node as the file's schema).
     """
     OmegaConf.register_new_resolver("stack_data", shipped_data, replace=True)
+    OmegaConf.register_new_resolver("stack_eval", paired_eval, replace=True)
     OmegaConf.register_new_resolver("stack_mesh", mesh_axis_size, replace=True)
     OmegaConf.register_new_resolver("stack_chips", topology_chips, replace=True)
     cs = ConfigStore.instance()
@@ -121,5 +130,5 @@ __all__ = [
     "HardwareConfig", "LauncherConfig", "LoggerConfig", "MeshConfig", "ModelConfig", "OptimizerConfig",
     "QuantizationConfig", "RewardConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "GRPOConfig",
     "PPOConfig", "RMConfig", "TierConfig", "TrainerConfig", "register",
-    "mesh_axis_size", "recipe_files", "shipped_data", "topology_chips",
+    "mesh_axis_size", "paired_eval", "recipe_files", "shipped_data", "topology_chips",
 ]

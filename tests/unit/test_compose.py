@@ -83,6 +83,17 @@ def test_shipped_data_paths_resolve_to_existing_files():
     assert os.path.isfile(cfg.data.path) and os.path.isfile(cfg.data.eval_path)
 
 
+@pytest.mark.parametrize("choice", ["data=jsonl_sft", "data=jsonl_prefs", "data=jsonl_prompts", "+recipe=llama_rm"])
+def test_your_own_data_path_is_never_evaluated_on_the_shipped_sample(choice):
+    """data.path=yours alone left data.eval_path at the shipped eval file (eval/loss on unrelated
+    records); now the eval split is a seeded data.eval_fraction of yours unless you give one."""
+    shipped = make_cfg([choice]).data
+    assert os.path.dirname(shipped.eval_path) == os.path.dirname(shipped.path)  # the sample and its eval file
+    assert make_cfg([choice, "data.path=/data/mine.jsonl"]).data.eval_path is None
+    mine = make_cfg([choice, "data.path=/data/mine.jsonl", "data.eval_path=/data/held_out.jsonl"]).data
+    assert mine.eval_path == "/data/held_out.jsonl"
+
+
 @pytest.mark.parametrize("hardware,sizes", [("cpu", (1, 1, 1)), ("tpu_v5e", (1, -1, 1)), ("gpu_h100", (1, 1, 1))])
 def test_default_mesh_follows_the_hardware(hardware, sizes):
     cfg = make_cfg([f"hardware={hardware}"])
