@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 from omegaconf import DictConfig, OmegaConf
 
 from stack.checkpoint_errors import aborted_write, check_format, writing
+from stack.saved_params import checkpoints_of
 from stack.errors import ConfigError, RunDirRefused
 
 # Config keys whose change would make a resumed run compute something else; the rest
@@ -114,11 +115,21 @@ class Checkpointer:
         sys.unraisablehook = aborted_write
         self._other: ocp.CheckpointManager | None = None  # resume=PATH: another run's dir, read only
         if self.resume not in ("auto", "never"):
-            if not os.path.isdir(self.resume) and "://" not in self.resume:
-                raise ConfigError(f"'checkpoint.resume'={self.resume!r}: no such checkpoint directory "
-                                  "(use auto, never, or the checkpoints dir of a run).")
-            self._other = ocp.CheckpointManager(os.path.abspath(self.resume) if "://" not in self.resume
-                                                else self.resume, options=ocp.CheckpointManagerOptions(read_only=True))
+            self.resume = self._other_run(self.resume)
+
+    def _other_run(self, path: str) -> str:
+        """checkpoint.resume=PATH: another run's checkpoints dir (or its run dir), read only; it must
+        hold a complete step (it trained from scratch, silently, when given a run dir)."""
+        path = checkpoints_of(path)
+        if not os.path.isdir(path) and "://" not in path:
+            raise ConfigError(f"'checkpoint.resume'={path!r}: no such checkpoint directory "
+                              "(use auto, never, or a run's dir or its checkpoints dir).")
+        self._other = ocp.CheckpointManager(os.path.abspath(path) if "://" not in path else path,
+                                            options=ocp.CheckpointManagerOptions(read_only=True))
+        if not self._other.all_steps():
+            raise ConfigError(f"'checkpoint.resume'={path!r} holds no complete checkpoint step, so there is nothing "
+                              "to resume from; give a run's dir or its checkpoints dir, or resume=auto to start fresh.")
+        return path
 
     @cached_property
     def _configs(self) -> dict[str, Any]:

@@ -24,4 +24,4 @@ class CheckpointConfig:
     # hand each save to a thread, on a device copy of the state, so the device-to-host transfer
     # overlaps the next steps; null: only when that copy fits in free device memory (stack.trainer.save_overlap)
     overlap: Optional[bool] = None
-    resume: str = "auto"  # auto | never | PATH
+    resume: str = "auto"  # auto | never | PATH (another run's dir or its checkpoints dir, with a complete step)

@@ -312,6 +312,21 @@ def test_an_old_format_checkpoint_is_refused_with_the_reason(tmp_path):
                  nnx.to_pure_dict(params))
 
 
+def test_resume_from_another_run_takes_its_run_dir_and_refuses_a_dir_without_steps(tmp_path):
+    """checkpoint.resume=PATH given a run dir (not its checkpoints/) trained from scratch, silently."""
+    from stack.run import run
+
+    run(make_cfg(TINY + [f"run_dir={tmp_path}/a", "trainer.steps=2", "checkpoint=local"]))
+    b = make_cfg(TINY + [f"run_dir={tmp_path}/b", "trainer.steps=3", "checkpoint=local",
+                         f"checkpoint.resume={tmp_path}/a"])
+    summary = train(build(b, f"{tmp_path}/b"))
+    assert (summary.first_step, summary.final_step) == (3, 3)  # resumed after a's step 2
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="'checkpoint.resume'=.*empty' holds no complete checkpoint step"):
+        build(make_cfg(TINY + [f"run_dir={tmp_path}/c", "checkpoint=local", f"checkpoint.resume={tmp_path}/empty"]),
+              f"{tmp_path}/c")
+
+
 def test_an_on_policy_algorithm_runs_through_the_same_trainer(tmp_path):
     """REINFORCE toy (tests/unit/toy_reinforce.py): collect samples, the host scores, finalize
     attaches rewards, 2 epochs x 2 minibatches per round, an extra trained module, algorithm
