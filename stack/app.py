@@ -131,7 +131,8 @@ def friendly_error(exc: Exception, overrides: list[str]) -> ConfigError:
         m = re.search(r"converted to (\w+)", str(cause))
         expected = m.group(1).lower() if m else str(cause).splitlines()[0]
         return wrong_type(key, value, f"a value of type {expected}")
-    added = re.match(r"Could not override '([^']+)'\. No match in the defaults list\.\nTo append .* use (\S+)", str(exc))
+    added = re.match(r"Could not override '([^']+)'\. No match in the defaults list\.\nTo append .* use (\S+)",
+                     str(exc))
     if added:  # e.g. recipe=NAME: a group the defaults list does not hold is added with +
         return ConfigError(f"{short(added[2][1:])}: '{added[1]}' is not a group of the default config, so it cannot be "
                            f"overridden; add it with a plus: {short(added[2])}.")

@@ -119,7 +119,7 @@ class Checkpointer:
 
     def _other_run(self, path: str) -> str:
         """checkpoint.resume=PATH: another run's checkpoints dir (or its run dir), read only; it must
-        hold a complete step (it trained from scratch, silently, when given a run dir)."""
+        hold a complete step (a resume that finds none is an error, not a fresh start)."""
         path = checkpoints_of(path)
         if not os.path.isdir(path) and "://" not in path:
             raise ConfigError(f"'checkpoint.resume'={path!r}: no such checkpoint directory "
