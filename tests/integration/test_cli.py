@@ -64,6 +64,9 @@ def test_multirun_grid_own_dirs_failures_do_not_stop_the_sweep_and_a_rerun_is_re
     assert "2 job(s) failed" in res.stderr and "/nonexistent.jsonl" in res.stderr
     jobs = [tmp_path / "sweep" / d for d in os.listdir(tmp_path / "sweep") if os.path.isdir(tmp_path / "sweep" / d)]
     assert len(jobs) == 4, jobs
+    overrides = [yaml.safe_load((j / ".hydra" / "overrides.yaml").read_text()) for j in jobs]  # failed jobs' too
+    lrs = sorted(float(o.split("=")[1]) for job in overrides for o in job if o.startswith("optimizer.lr="))
+    assert lrs == [3e-4, 3e-4, 1e-3, 1e-3]  # each job its own values
     finished = [yaml.safe_load((j / "config.yaml").read_text()) for j in jobs if (j / "metrics.jsonl").exists()]
     assert sorted(c["optimizer"]["lr"] for c in finished) == [3e-4, 1e-3]
     assert {c["data"]["path"] for c in finished} == {good}
