@@ -118,6 +118,19 @@ def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:
     return model if cfg.hardware.platform == "cpu" else unfuse(model)  # a CPU speedup (MLP's docstring)
 
 
+def eval_too_small(data: DictConfig, records: int) -> ConfigError:
+    """The error for an eval split of `records` records that fills no batch, naming where they come from."""
+    if data.source == "synthetic":
+        where, fix = f"the synthetic problems up to data.max_operand={data.max_operand}", "raise data.max_operand"
+    elif data.eval_path:
+        where, fix = f"data.eval_path={data.eval_path!r}", "add records to it"
+    else:
+        where = f"a seeded data.eval_fraction={data.eval_fraction} of data.path={data.path!r}"
+        fix = "raise data.eval_fraction, give data.eval_path"
+    return ConfigError(f"The eval split ({where}) holds {records} records and fills no batch of "
+                       f"data.batch_size={data.batch_size}; {fix} or lower data.batch_size.")
+
+
 def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | None = None,
           abstract: bool = False, devices: Sequence[jax.Device] | None = None) -> Experiment:
     """Turn a validated config into an Experiment.
@@ -140,12 +153,10 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
     batch_size = cfg.data.batch_size // jax.process_count()
     train = Batches(cfg.data, tokenizer, "train", data_seed, batch_size, **shard)
-    evals = tuple(Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard).take(cfg.trainer.eval_batches))
+    eval_split = Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard)
+    evals = tuple(eval_split.take(cfg.trainer.eval_batches))
     if not evals:
-        raise ConfigError(
-            f"The eval split holds fewer than data.batch_size={cfg.data.batch_size} records; "
-            "add eval data or lower data.batch_size."
-        )
+        raise eval_too_small(cfg.data, eval_split.records)
     quant = make_quantization(cfg.quantization, cfg.seed)
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
         model = quant.apply(initial_model(cfg, abstract), abstract)

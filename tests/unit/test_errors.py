@@ -186,3 +186,20 @@ def test_an_empty_value_is_refused_before_it_reaches_a_function():
     msg = error_of(["optimizer.schedule.end_ratio="])  # was a TypeError deep inside the schedule
     assert "'optimizer.schedule.end_ratio' no value" in msg and "optimizer.schedule.end_ratio=''" in msg
     assert preflight(["logger.project=''"]).logger.project == ""  # an empty string on purpose
+
+
+def test_an_eval_split_smaller_than_a_batch_says_where_its_records_come_from(tmp_path):
+    """Your own data.path of 40 records: its 0.1 eval split (4 records) fills no batch of 8."""
+    import json
+
+    from stack.build import build
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n" for i in range(40)))
+    for extra, where in [([], f"a seeded data.eval_fraction=0.1 of data.path='{path}') holds 4 records"),
+                         ([f"data.eval_path={path}", "data.batch_size=64"], f"data.eval_path='{path}') holds 40")]:
+        cfg = preflight(["data=jsonl_sft", f"data.path={path}", "data.batch_size=8", *extra])
+        with pytest.raises(ConfigError) as info:
+            build(cfg, str(tmp_path), abstract=True)
+        assert where in str(info.value) and "fills no batch of data.batch_size=" in str(info.value), info.value
+
