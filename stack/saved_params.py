@@ -31,11 +31,21 @@ class Saved(NamedTuple):
 
 def checkpoints_of(path: str) -> str:
     """`path`, or `path/checkpoints` when `path` is a run dir (its config.yaml and checkpoints/
-    inside): wherever a run's checkpoints dir is asked for, the run dir stands for it."""
+    inside): wherever a run's checkpoints dir is asked for, the run dir stands for it. A run dir
+    without checkpoints/ is refused, saying what its config.yaml says of them."""
+    config = os.path.join(path, "config.yaml")
+    if "://" in path or not os.path.isfile(config):
+        return path
     inner = os.path.join(path, "checkpoints")
-    if "://" not in path and os.path.isfile(os.path.join(path, "config.yaml")) and os.path.isdir(inner):
+    if os.path.isdir(inner):
         return inner
-    return path
+    c = OmegaConf.load(config).get("checkpoint") or {}
+    if c.get("name", "none") == "none":
+        why = "saved none (it ran with checkpoint=none); train with checkpoint=local to save them in RUN/checkpoints"
+    else:
+        why = (f"wrote them to checkpoint.path={c.get('path')!r}; give that dir, or leave checkpoint.path unset "
+               "so that they go to RUN/checkpoints, beside RUN/config.yaml")
+    raise ConfigError(f"{path!r} is a stack run's dir with no checkpoints/ inside: the run {why}.")
 
 
 def read_params(path: str, step: int | None = None) -> Saved:

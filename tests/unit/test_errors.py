@@ -203,3 +203,20 @@ def test_an_eval_split_smaller_than_a_batch_says_where_its_records_come_from(tmp
             build(cfg, str(tmp_path), abstract=True)
         assert where in str(info.value) and "fills no batch of data.batch_size=" in str(info.value), info.value
 
+
+def test_a_run_dir_without_checkpoints_says_what_became_of_them(tmp_path):
+    """Where a checkpoints dir is asked for (generate, model.init_from, checkpoint.resume), a run
+    dir stands for RUN/checkpoints; one without it is refused, saying what its config.yaml says."""
+    from stack.saved_params import checkpoints_of
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("checkpoint:\n  name: none\n  path: null\n")
+    with pytest.raises(ConfigError, match=r"'.*/run' is a stack run's dir .* saved none \(it ran with checkpoint=none"):
+        checkpoints_of(str(run))
+    (run / "config.yaml").write_text("checkpoint:\n  name: local\n  path: /elsewhere\n")
+    with pytest.raises(ConfigError, match="wrote them to checkpoint.path='/elsewhere'"):
+        checkpoints_of(str(run))
+    (run / "checkpoints").mkdir()
+    assert checkpoints_of(str(run)) == str(run / "checkpoints")
+    assert checkpoints_of(str(tmp_path)) == str(tmp_path)  # not a run dir: as given
