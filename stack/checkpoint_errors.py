@@ -2,6 +2,7 @@
 restores) instead of Orbax/TensorStore tracebacks. Orbax never commits a half-written step, so
 the previous one restores on the rerun. A checkpoint of an older layout: refused, one paragraph."""
 
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -40,13 +41,14 @@ def aborted_write(unraisable: Any) -> None:
 
 
 def _os_error(exc: Exception) -> str:
-    """The OS error of a failed save ("File too large (errno 27)"): from a TensorStore/Orbax message
-    or an OSError, in `exc` or the exceptions it was raised from; else `exc`'s last line."""
+    """The OS error of a failed save ("File too large (errno 27)"): the errno of a TensorStore/Orbax
+    message (its `[os_error_code=N]` annotation; the text before it may be another annotation, a
+    spec) or of an OSError, in `exc` or the exceptions it was raised from; else `exc`'s last line."""
     seen: BaseException | None = exc
     while seen is not None:
-        found = re.search(r"([^:\n]+) \[os_error_code='?(\d+)", str(seen))
+        found = re.search(r"\[os_error_code='?(\d+)", str(seen))
         if found:
-            return f"{found.group(1).strip()} (errno {found.group(2)})"
+            return f"{os.strerror(int(found.group(1)))} (errno {found.group(1)})"
         if isinstance(seen, OSError) and seen.errno:
             return f"{seen.strerror} (errno {seen.errno})"
         seen = seen.__cause__ or seen.__context__

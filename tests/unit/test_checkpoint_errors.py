@@ -25,6 +25,16 @@ def test_the_os_error_is_found_in_a_tensorstore_message():
     assert "step 7 there still restores" in msg
 
 
+def test_the_os_error_is_read_from_its_errno_when_a_spec_annotation_precedes_it():
+    """The TensorStore message of a failed OCDBT write may carry the kvstore spec between the OS error
+    and its code; the text before `[os_error_code` was once shown as the error ("true}']")."""
+    def tensorstore():
+        raise ValueError('Failed to write 46298 bytes to file 12: File too large [tensorstore_spec=\'{"driver":'
+                         '"file","file_io_sync":true}\'] [os_error_code=\'27\']')
+
+    assert "/ckpt/14: File too large (errno 27). The run stopped" in failed_save(tensorstore)
+
+
 def test_the_os_error_is_found_in_the_exceptions_a_failure_was_raised_from():
     """Orbax re-raises a background save's failure wrapped; the OS error is its cause's."""
     def wrapped():
