@@ -2,7 +2,9 @@
 float (or None: no reward for that sample) per completion, as TRL's GRPOTrainer calls them.
 
 `accuracy` compares the completion's final number (or, for non-numeric answers, its last
-non-empty line) with the record's `answer`; `digits` gives partial credit for a numeric
+non-empty line) with the record's `answer`: the text after its last "####" when it has one
+(GSM8K's convention, as in TRL's and Tunix's GRPO examples: "... = 72\n#### 72"); numbers
+may carry thousands separators ("1,000" is 1000). `digits` gives partial credit for a numeric
 answer: the fraction of digit places (aligned from the right) where the completion's final
 integer agrees with it (1.0 when it is right); `format` checks `reward.format_pattern`
 (a regex matched against the whole completion); `length` is a penalty in [-1, 0] that
@@ -12,13 +14,21 @@ grows with the completion's length in characters up to `reward.max_length`.
 import re
 from typing import Any
 
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
+
+
+def _reference(answer: Any) -> str:
+    """The record's answer (a GSM8K solution's: the text after its last '####'), a number without
+    its thousands separators."""
+    text = "" if answer is None else str(answer)
+    text = text.rsplit("####", 1)[1].strip() if "####" in text else text
+    return text.replace(",", "") if NUMBER.fullmatch(text.strip()) else text
 
 
 def _final_answer(text: str) -> str | None:
     numbers = NUMBER.findall(text)
     if numbers:
-        return numbers[-1]
+        return numbers[-1].replace(",", "")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else None
 
@@ -37,8 +47,8 @@ def accuracy(prompts: list[str], completions: list[str], answer: list[str] | Non
     """1.0 when the completion's final answer equals the record's `answer`, else 0.0 (None: no answer)."""
     if answer is None:
         return [None] * len(completions)
-    return [None if want in (None, "") else float(_same(_final_answer(text), str(want)))
-            for text, want in zip(completions, answer)]
+    wants = [_reference(want) for want in answer]
+    return [None if want == "" else float(_same(_final_answer(text), want)) for text, want in zip(completions, wants, strict=True)]
 
 
 def digits(prompts: list[str], completions: list[str], answer: list[str] | None = None,
@@ -46,15 +56,15 @@ def digits(prompts: list[str], completions: list[str], answer: list[str] | None 
     """Digit places (from the right) where the completion's final integer matches `answer`, over
     the longer of the two (None: no numeric answer); no number in the completion scores 0."""
     out: list[float | None] = []
-    for text, want in zip(completions, answer or [None] * len(completions)):
-        want = str(want) if want is not None else ""
+    for text, want in zip(completions, answer or [None] * len(completions), strict=True):
+        want = _reference(want)
         if not want.lstrip("-").isdigit():
             out.append(None)
             continue
         got = _final_answer(text) or ""
         got = got if got.lstrip("-").isdigit() else ""
         width = max(len(got), len(want))
-        same = sum(a == b for a, b in zip(got.rjust(width), want.rjust(width)))
+        same = sum(a == b for a, b in zip(got.rjust(width), want.rjust(width), strict=True))
         out.append(same / width if got else 0.0)
     return out
 

@@ -10,7 +10,7 @@ import pytest
 
 from stack.algorithms.grpo import GRPO
 from stack.algorithms.rlmath import group_advantages, kl_estimate
-from stack.rewards.functions import accuracy, format_match, length_penalty
+from stack.rewards.functions import accuracy, digits, format_match, length_penalty
 from tests.conftest import loss_of
 
 REWARDS = np.array([[1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5]], np.float32)  # 2 prompts x G=4
@@ -126,6 +126,17 @@ def test_rule_rewards():
     assert accuracy(["a"], ["1"]) == [None]  # no answer column: no reward
     assert format_match([""] * 3, ["19", "19 apples", " -4\n"]) == [1.0, 0.0, 1.0]
     assert length_penalty([""] * 2, ["", "x" * 100], max_length=50) == [0.0, -1.0]
+
+
+def test_a_gsm8k_solution_is_scored_by_its_final_answer_and_thousands_separators_are_read():
+    """GSM8K's answer field is a worked solution ending '#### 72' (TRL's and Tunix's GRPO examples
+    take the text after '####'); before, it was compared whole and every completion scored 0."""
+    gsm = "Natalia sold 48/2 = 24 clips in May.\nAltogether she sold 48+24 = 72 clips.\n#### 72"
+    assert accuracy([""] * 3, ["she sold 72", "#### 72.0", "24"], answer=[gsm] * 3) == [1.0, 1.0, 0.0]
+    assert digits([""] * 2, ["72", "12"], answer=[gsm] * 2) == [1.0, 0.5]
+    assert accuracy([""] * 3, ["1,000 apples", "1000", "it is 000"], answer=["1,000", "#### 1,000", "1000"]) == [
+        1.0, 1.0, 0.0]
+    assert accuracy([""], ["1"], answer=["#### "]) == [None]  # an empty final answer: no reward
 
 
 def test_sampling_keys_are_per_record_and_sample():
