@@ -46,8 +46,10 @@ def sft_pieces(record: dict[str, Any], where: str, template: Template) -> Pieces
             raise DataError(f"{where}: 'messages' has no assistant turn to learn from.")
         return pieces
     if "prompt" not in record and "completion" not in record:
+        text = " A record of plain 'text' (every token carries loss, TRL's language-modeling format) " \
+            "is read with data.kind=text." if "text" in record else ""
         raise DataError(f"{where}: an sft record needs 'prompt' and 'completion', or 'messages'; "
-                        f"keys: {_keys(record)}.")
+                        f"keys: {_keys(record)}.{text}")
     return [(_string(record, "prompt", where, "sft"), False), (_string(record, "completion", where, "sft"), True)]
 
 

@@ -36,6 +36,11 @@ def test_text_kind_learns_every_token():
     assert row["segment_ids"].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
 
 
+def test_a_text_record_read_as_sft_points_to_the_text_kind():
+    with pytest.raises(DataError, match=r"t\.jsonl:3: an sft record needs .* keys: \['text'\]\. .* data\.kind=text"):
+        Encoder("sft", TOK, "simple", 8, "keep_start")({"text": "abc", "_where": "t.jsonl:3"})
+
+
 def test_conversational_preferences_share_the_rendered_prompt():
     rec = {"prompt": CHAT[:2], "chosen": [{"role": "assistant", "content": "4"}],
            "rejected": [{"role": "assistant", "content": "5"}]}
