@@ -5,6 +5,8 @@
                loss only on the completion / assistant turns.
 - `preference` {"prompt", "chosen", "rejected"}: each a string, or the prompt a message list
                and chosen / rejected assistant message lists (TRL's conversational format);
+               without "prompt", the common start of chosen and rejected is the prompt (TRL's
+               implicit prompt, `implicit_prompt`);
                an optional numeric `margin` (reward models: TRL RewardTrainer's column).
 - `prompt`     {"prompt": str | messages, "answer": str | number (optional)}: for PPO/GRPO;
                chat prompts end with an open assistant turn.
@@ -60,9 +62,29 @@ def _prompt(record: dict[str, Any], where: str, template: Template, generation_p
     return [(_string(record, "prompt", where, "prompt"), False)]
 
 
+def implicit_prompt(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """A pair without 'prompt' split at the common start of 'chosen' and 'rejected' (their common
+    messages; of strings, their common characters less a trailing space), as TRL's extract_prompt
+    splits an implicit-prompt preference record."""
+    chosen, rejected = record.get("chosen"), record.get("rejected")
+    if "prompt" in record or not isinstance(chosen, (str, list)) or type(chosen) is not type(rejected):
+        return record
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    if isinstance(chosen, str) and n > 0 and chosen[n - 1] == " ":
+        n -= 1
+    if n in (len(chosen), len(rejected)) or isinstance(chosen, list) and n == 0:
+        how = "one of them starts the other" if n else "they share no first message"
+        raise DataError(f"{where}: a preference record without 'prompt' is split where 'chosen' and 'rejected' "
+                        f"first differ (TRL's implicit prompt), but {how}; give the record a 'prompt'.")
+    return {**record, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]}
+
+
 def preference_pieces(record: dict[str, Any], where: str, template: Template) -> tuple[Pieces, Pieces]:
     """(prompt + chosen, prompt + rejected) pieces; loss marks the completions. A conversational
     pair renders as one conversation each (prompt messages + the completion's)."""
+    record = implicit_prompt(record, where)
     chat = isinstance(record.get("prompt"), list)
     out = []
     for field in ("chosen", "rejected"):

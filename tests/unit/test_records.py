@@ -4,7 +4,7 @@ import pytest
 
 from stack.data.chat import TEMPLATES
 from stack.data.encode import Encoder
-from stack.data.records import preference_pieces
+from stack.data.records import implicit_prompt, preference_pieces
 from stack.data.tokenizers import ByteTokenizer
 from stack.errors import DataError
 
@@ -49,6 +49,20 @@ def test_conversational_preferences_share_the_rendered_prompt():
     assert "".join(t for t, _ in chosen) == "system: S\nuser: hi\nassistant: 4"
     row = Encoder("preference", TOK, "simple", 32, "keep_start")(rec)
     assert row["inputs"].shape == (2, 32) and row["loss_mask"].sum(axis=1).tolist() == [2, 2]  # answer + EOS
+
+
+def test_a_pair_without_a_prompt_is_split_where_chosen_and_rejected_first_differ():
+    """TRL's implicit prompt (its dataset-formats guide and extract_prompt): the common messages, or
+    of strings the common characters less a trailing space, are the prompt."""
+    split = implicit_prompt({"chosen": "The sky is blue.", "rejected": "The sky is green."}, "p.jsonl:1")
+    assert split == {"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}
+    four, five = [{"role": "assistant", "content": "4"}], [{"role": "assistant", "content": "5"}]
+    explicit = {"prompt": CHAT[:2], "chosen": four, "rejected": five}
+    implicit = {"chosen": CHAT[:2] + four, "rejected": CHAT[:2] + five}
+    assert preference_pieces(implicit, "p.jsonl:1", TEMPLATES["simple"]) == preference_pieces(
+        explicit, "p.jsonl:1", TEMPLATES["simple"])
+    with pytest.raises(DataError, match=r"p\.jsonl:2: a preference record without 'prompt' .* one of them starts"):
+        implicit_prompt({"chosen": "The sky", "rejected": "The sky is"}, "p.jsonl:2")
 
 
 def test_max_completion_len_keeps_the_first_k_completion_tokens_and_indexes_them(caplog):
