@@ -2,7 +2,8 @@
 
 - `text`       {"text": str}: pretraining; every token carries loss.
 - `sft`        {"prompt": str, "completion": str} or {"messages": [{"role", "content"}, ...]}:
-               loss only on the completion / assistant turns.
+               loss only on the completion / assistant turns; a conversational prompt and
+               completion (message lists) learn the completion's turns only.
 - `preference` {"prompt", "chosen", "rejected"}: each a string, or the prompt a message list
                and chosen / rejected assistant message lists (TRL's conversational format);
                without "prompt", the common start of chosen and rejected is the prompt (TRL's
@@ -14,6 +15,7 @@
 A record that does not fit raises DataError naming its file and line (`_where`).
 """
 
+import os
 from typing import Any
 
 Template = Any  # stack.data.chat.ChatTemplate or stack.data.chat_jinja.JinjaTemplate: .render(messages, ...)
@@ -52,7 +54,7 @@ def sft_pieces(record: dict[str, Any], where: str, template: Template) -> Pieces
             "is read with data.kind=text." if "text" in record else ""
         raise DataError(f"{where}: an sft record needs 'prompt' and 'completion', or 'messages'; "
                         f"keys: {_keys(record)}.{text}")
-    return [(_string(record, "prompt", where, "sft"), False), (_string(record, "completion", where, "sft"), True)]
+    return _with_prompt(record, "completion", where, template, "sft")
 
 
 def _prompt(record: dict[str, Any], where: str, template: Template, generation_prompt: bool) -> Pieces:
@@ -82,27 +84,38 @@ def implicit_prompt(record: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def preference_pieces(record: dict[str, Any], where: str, template: Template) -> tuple[Pieces, Pieces]:
-    """(prompt + chosen, prompt + rejected) pieces; loss marks the completions. A conversational
-    pair renders as one conversation each (prompt messages + the completion's)."""
+    """(prompt + chosen, prompt + rejected) pieces; loss marks the completions."""
     record = implicit_prompt(record, where)
-    chat = isinstance(record.get("prompt"), list)
-    out = []
-    for field in ("chosen", "rejected"):
-        value = record.get(field)
-        if not (isinstance(value, list) or chat and isinstance(value, str)):
-            prompt = _prompt(record, where, template, generation_prompt=False)
-            out.append(prompt + [(_string(record, field, where, "preference"), True)])
-            continue
-        completion = check_messages(value, where, field) if isinstance(value, list) else [
-            {"role": "assistant", "content": value}]
-        if any(m["role"] != "assistant" for m in completion):
-            raise DataError(f"{where}: '{field}' may hold only assistant messages.")
-        if chat:
-            out.append(template.render(check_messages(record["prompt"], where, "prompt") + completion, where=where))
-        else:
-            prompt = [(_string(record, "prompt", where, "preference"), False)]
-            out.append(prompt + template.render(completion, where=where))
-    return out[0], out[1]
+    return (_with_prompt(record, "chosen", where, template, "preference"),
+            _with_prompt(record, "rejected", where, template, "preference"))
+
+
+def _with_prompt(record: dict[str, Any], field: str, where: str, template: Template, kind: str) -> Pieces:
+    """The prompt + record[field] pieces, loss on the completion only (TRL's completion-only loss).
+    A conversation (prompt messages + the completion's assistant messages) renders as one and its
+    prompt's own assistant turns carry no loss (TRL's DPOTrainer learns the completion only)."""
+    chat, value = isinstance(record.get("prompt"), list), record.get(field)
+    if not (isinstance(value, list) or chat and isinstance(value, str)):
+        return [(_string(record, "prompt", where, kind), False), (_string(record, field, where, kind), True)]
+    completion = check_messages(value, where, field) if isinstance(value, list) else [
+        {"role": "assistant", "content": value}]
+    if any(m["role"] != "assistant" for m in completion):
+        raise DataError(f"{where}: '{field}' may hold only assistant messages.")
+    if not chat:
+        return [(_string(record, "prompt", where, kind), False)] + template.render(completion, where=where)
+    prompt = check_messages(record["prompt"], where, "prompt")
+    return _after(template.render(prompt + completion, where=where), template.render(prompt, True, where))
+
+
+def _after(pieces: Pieces, prompt: Pieces) -> Pieces:
+    """`pieces` without loss on the characters they share with the start of the rendered `prompt`."""
+    n = len(os.path.commonprefix(["".join(t for t, _ in pieces), "".join(t for t, _ in prompt)]))
+    out, pos = [], 0
+    for text, loss in pieces:
+        cut = min(len(text), max(0, n - pos))
+        out += [(text[:cut], False), (text[cut:], loss)]
+        pos += len(text)
+    return [(t, loss) for t, loss in out if t]
 
 
 def is_chat(record: dict[str, Any]) -> bool:

@@ -4,7 +4,7 @@ import pytest
 
 from stack.data.chat import TEMPLATES
 from stack.data.encode import Encoder
-from stack.data.records import implicit_prompt, preference_pieces
+from stack.data.records import implicit_prompt, preference_pieces, sft_pieces
 from stack.data.tokenizers import ByteTokenizer
 from stack.errors import DataError
 
@@ -49,6 +49,21 @@ def test_conversational_preferences_share_the_rendered_prompt():
     assert "".join(t for t, _ in chosen) == "system: S\nuser: hi\nassistant: 4"
     row = Encoder("preference", TOK, "simple", 32, "keep_start")(rec)
     assert row["inputs"].shape == (2, 32) and row["loss_mask"].sum(axis=1).tolist() == [2, 2]  # answer + EOS
+
+
+def test_a_conversational_prompt_s_own_assistant_turns_carry_no_loss():
+    """TRL's DPOTrainer and SFTTrainer (completion_only_loss) learn the completion only: a multi-turn
+    prompt's earlier assistant turn is context (before, a pair learned it too, and with
+    share_prompt the completion began there, so max_completion_len could cut off the answer)."""
+    turns = CHAT + [{"role": "user", "content": "2+2?"}]
+    four, five = [{"role": "assistant", "content": "4"}], [{"role": "assistant", "content": "5"}]
+    chosen, rejected = preference_pieces({"prompt": turns, "chosen": four, "rejected": five}, "p", TEMPLATES["simple"])
+    assert learned(chosen) == "4" and learned(rejected) == "5"
+    assert "".join(t for t, _ in chosen) == "system: S\nuser: hi\nassistant: yo\nuser: 2+2?\nassistant: 4"
+    assert learned(sft_pieces({"prompt": turns, "completion": four}, "s", TEMPLATES["chatml"])) == "4<|im_end|>\n"
+    assert learned(sft_pieces({"messages": turns + four}, "s", TEMPLATES["chatml"])) == "yo<|im_end|>\n4<|im_end|>\n"
+    single = sft_pieces({"prompt": CHAT[:2], "completion": CHAT[2:]}, "s", TEMPLATES["llama3"])
+    assert single == sft_pieces({"messages": CHAT}, "s", TEMPLATES["llama3"])
 
 
 def test_a_pair_without_a_prompt_is_split_where_chosen_and_rejected_first_differ():
