@@ -210,10 +210,12 @@ class Checkpointer:
     def _check_config(self, meta: dict[str, Any], where: str) -> None:
         diff = config_diff(meta.get("config", {}), math_config(self.cfg))
         if diff:
+            start = "" if any(d.startswith("model.") for d in diff) else \
+                f", with model.init_from={os.path.dirname(where)} to start from these weights"
             raise ConfigError(
                 f"The config differs from the one checkpoint {where} was trained with, in keys that "
                 f"change the math: {'; '.join(diff)}. Restore those values to resume, or start a new "
-                "run dir (trainer.steps, logging, eval and checkpoint cadence may change)."
+                f"run dir{start}. A resume may change trainer.steps, logging, eval and checkpoint cadence."
             )
 
     def latest_meta(self) -> dict[str, Any] | None:

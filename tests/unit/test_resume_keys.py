@@ -1,8 +1,10 @@
 """Which config changes a resume accepts: loading knobs that keep the batches, not those that change them."""
 
 import numpy as np
+import pytest
 
-from stack.checkpoint import config_diff, math_config
+from stack.checkpoint import Checkpointer, config_diff, math_config
+from stack.errors import ConfigError
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
 from tests.conftest import make_cfg
@@ -24,5 +26,18 @@ def test_the_worker_count_changes_which_records_form_a_batch():
 
     plain, threads = first_batches(), first_batches("data.read_threads=4", "data.prefetch=0")
     workers = first_batches("data.workers=2")
-    assert all(np.array_equal(a, b) for a, b in zip(plain, threads))
-    assert not all(np.array_equal(a, b) for a, b in zip(plain, workers))
+    assert all(np.array_equal(a, b) for a, b in zip(plain, threads, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(plain, workers, strict=True))
+
+
+def test_a_refused_resume_offers_the_checkpoint_as_init_from_when_the_model_is_the_same(tmp_path):
+    """A new learning rate cannot resume the run, but a new run can start from its weights; a new
+    model shape cannot, so the advice is left out."""
+    saved = {"config": math_config(make_cfg(["checkpoint=none"]))}
+    where = str(tmp_path / "checkpoints" / "20")
+    advice = r"optimizer\.lr: .* new run dir, with model\.init_from=\S+/checkpoints to start"
+    with pytest.raises(ConfigError, match=advice):
+        Checkpointer(make_cfg(["checkpoint=none", "optimizer.lr=1e-5"]), str(tmp_path))._check_config(saved, where)
+    with pytest.raises(ConfigError, match=r"model\.d_ff: 176 -> 96\. .* new run dir\. A resume") as refused:
+        Checkpointer(make_cfg(["checkpoint=none", "model.d_ff=96"]), str(tmp_path))._check_config(saved, where)
+    assert "init_from" not in str(refused.value)
