@@ -21,6 +21,7 @@ from stack.data.tokenizers import Tokenizer, make_tokenizer
 from stack.errors import ConfigError
 from stack.cache import machine_file
 from stack.hardware import check_platform, peak_flops_per_device, train_flops_per_token
+from stack.host_fit import available_bytes, check_host_memory
 from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.hf import load_hf_weights
 from stack.models.init import abstract_model, init_model
@@ -141,7 +142,8 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     check_targets(cfg, tuple(cfg.allow_targets))  # each `_target_` judged by what it names, before any is built
     devices = devices if devices is not None else check_platform(cfg.hardware)
     mesh, rules = make_mesh(cfg.mesh, devices), logical_rules(cfg.mesh)
-    check_layout(mesh, rules, abstract_model(cfg.model), cfg.model, cfg.data.batch_size)
+    shapes = abstract_model(cfg.model)
+    check_layout(mesh, rules, shapes, cfg.model, cfg.data.batch_size)
     algorithm = instantiate(cfg.algorithm, _convert_="all")
     tokenizer = make_tokenizer(cfg.data.tokenizer)
     if tokenizer.vocab_size > cfg.model.vocab_size:
@@ -158,9 +160,12 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     if not evals:
         raise eval_too_small(cfg.data, eval_split.records)
     quant = make_quantization(cfg.quantization, cfg.seed)
+    tx, schedule = make_optimizer(cfg.optimizer)
+    if not abstract and cfg.hardware.platform == "cpu":
+        check_host_memory(cfg.model.name, nnx.state(shapes, nnx.Param), tx, quant.trainable is nnx.Param,
+                          available_bytes())
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
         model = quant.apply(initial_model(cfg, abstract), abstract)
-    tx, schedule = make_optimizer(cfg.optimizer)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
     rewards = make_rewards(cfg.reward, tuple(cfg.allow_targets))
     if abstract:
