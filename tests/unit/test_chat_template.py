@@ -61,7 +61,7 @@ def learned(path: str, row) -> str:
     """The text of the targets that carry loss, specials included."""
     from tokenizers import Tokenizer
 
-    ids = [t for t, m in zip(row["targets"].tolist(), row["loss_mask"]) if m]
+    ids = [t for t, m in zip(row["targets"].tolist(), row["loss_mask"], strict=True) if m]
     return Tokenizer.from_file(os.path.join(path, "tokenizer.json")).decode(ids, skip_special_tokens=False)
 
 
@@ -100,6 +100,23 @@ def test_conversational_preference_pair_is_one_conversation(chatml):
         n = len(want["input_ids"])
         assert [int(row["inputs"][k][0])] + row["targets"][k][:n - 1].tolist() == want["input_ids"]
         assert row["loss_mask"][k][:n - 1].tolist() == want["assistant_masks"][1:]
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3"])
+def test_a_multi_turn_pair_learns_its_completion_only(template, request):
+    """TRL's DPOTrainer: the prompt is the conversation so far (its own assistant turn included,
+    rendered with the generation prompt), the completion the tokens after it."""
+    path = request.getfixturevalue(template)
+    record = {"prompt": CHAT[:-1], "chosen": [CHAT[-1]], "rejected": [{"role": "assistant", "content": "8"}]}
+    row = Encoder("preference", make_tokenizer(path), make_template("tokenizer", path), 96, "keep_start")(record)
+    end = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}[template]
+    for k, answer in enumerate(("7", "8")):
+        side = {"targets": row["targets"][k], "loss_mask": row["loss_mask"][k]}
+        assert learned(path, side) == answer + end
+        full = reference(path, CHAT[:-1] + [{"role": "assistant", "content": answer}])["input_ids"]
+        prompt = reference(path, CHAT[:-1], add_generation_prompt=True)["input_ids"]
+        ids = [int(row["inputs"][k][0])] + row["targets"][k][:len(full) - 1].tolist()
+        assert full[:len(prompt)] == prompt and ids == full
 
 
 def test_without_generation_blocks_assistant_content_and_eos_carry_loss(llama3):
