@@ -49,9 +49,15 @@ class JsonlSource:
         self._index: list[tuple[str, int, int, int]] = []  # (path, line number, byte offset, bytes)
         for path in paths:
             if os.path.isdir(path):
-                raise DataError(f"{path}: a directory, not a JSON-lines file; point 'data.path' at its files, "
-                                f"e.g. '{os.path.join(path, '*.jsonl')}'.")
+                saved = any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json"))
+                fix = "it is a dataset saved with save_to_disk: set data.source=hf_disk" if saved else \
+                    f"point 'data.path' at its files, e.g. '{os.path.join(path, '*.jsonl')}'"
+                raise DataError(f"{path}: a directory, not a JSON-lines file; {fix}.")
             with open(path, "rb") as f:
+                if f.read(4) == b"PAR1":  # Parquet's magic number
+                    raise DataError(f"{path}: a Parquet file, read as JSON lines (data.source=jsonl); set "
+                                    "data.source=parquet.")
+                f.seek(0)
                 offset = 0
                 for lineno, line in enumerate(f, start=1):
                     if line.strip():

@@ -171,6 +171,19 @@ def test_jsonl_invalid_utf8_and_a_directory_name_the_file(tmp_path):
         FILE_SOURCES["jsonl"]([str(tmp_path)])
 
 
+def test_a_parquet_file_or_a_saved_dataset_read_as_jsonl_names_the_source_to_set(tmp_path):
+    """Before: 'uf.parquet:2: not UTF-8 text (byte b'\\x80' ...)' and 'point data.path at its files'."""
+    parquet, saved = str(tmp_path / "uf.parquet"), str(tmp_path / "saved")
+    pq.write_table(pa.Table.from_pylist(RECORDS[:3]), parquet)
+    save_hf(saved, records=RECORDS[:3])
+    with pytest.raises(DataError, match=re.escape(f"{parquet}: a Parquet file, read as JSON lines (data.source=jsonl); "
+                                                  "set data.source=parquet.")):
+        FILE_SOURCES["jsonl"]([parquet])
+    with pytest.raises(DataError, match=re.escape(f"{saved}: a directory, not a JSON-lines file; it is a dataset "
+                                                  "saved with save_to_disk: set data.source=hf_disk.")):
+        FILE_SOURCES["jsonl"]([saved])
+
+
 def test_jsonl_reads_are_the_same_from_many_threads_and_over_many_files(tmp_path, monkeypatch):
     """Records are positional reads of files kept open: 4 threads reading the shuffled records of
     5 files at once (more files than the source keeps open: 2) read exactly the records, and
