@@ -72,7 +72,10 @@ def read_sweep(sweep_dir: str, metric: str | None = None) -> list[Job]:
         raise ConfigError(f"{sweep_dir!r} is not a directory (give a Hydra multirun sweep dir).")
     dirs = [d for d in os.listdir(sweep_dir) if os.path.isfile(os.path.join(sweep_dir, d, ".hydra", "overrides.yaml"))]
     if not dirs:
-        raise ConfigError(f"{sweep_dir!r} holds no Hydra jobs (subdirs with .hydra/overrides.yaml).")
+        one = os.path.isfile(os.path.join(sweep_dir, "metrics.jsonl"))
+        raise ConfigError(f"{sweep_dir!r} holds no Hydra jobs (subdirs with .hydra/overrides.yaml)" + (
+            f": it is one run's dir; give the multirun dir of a sweep (python -m stack -m ...), and read this run's "
+            f"metrics in {os.path.join(sweep_dir, 'metrics.jsonl')}." if one else "."))
     dirs.sort(key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d))
     return [read_job(os.path.join(sweep_dir, d), metric) for d in dirs]
 
@@ -113,7 +116,7 @@ def table(jobs: list[Job]) -> str:
              _fmt(j.seconds)]
             for j in ranked(jobs)]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows])
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows])
 
 
 def write_csv(jobs: list[Job], path: str) -> None:
@@ -140,7 +143,7 @@ def plot_curves(jobs: list[Job], path: str) -> bool:
     fig, ax = plt.subplots(figsize=(8, 5))
     for j in drawn:
         label = " ".join(f"{k}={j.overrides.get(k, '')}" for k in keys) or j.name
-        ax.plot(*zip(*j.curve), marker="o", label=f"{j.name}: {label}")
+        ax.plot(*zip(*j.curve, strict=True), marker="o", label=f"{j.name}: {label}")
     ax.set(xlabel="step", ylabel=drawn[0].objective, title=f"{drawn[0].objective} per job")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -66,8 +66,11 @@ def test_losses_sort_ascending_and_the_metric_can_be_chosen(tmp_path):
     assert table(read_sweep(str(tmp_path))).splitlines()[1].split()[:4] == ["0", "1e-3", "2", "2"]
     train = read_sweep(str(tmp_path), metric="train/loss")
     assert [j.final for j in train] == [1.0, 1.0] and train[0].objective == "train/loss"
-    with pytest.raises(ConfigError, match="holds no Hydra jobs"):
+    with pytest.raises(ConfigError, match=r"holds no Hydra jobs \(subdirs with \.hydra/overrides\.yaml\): it is one "
+                                          r"run's dir; give the multirun dir of a sweep"):
         read_sweep(str(tmp_path / "0"))
+    with pytest.raises(ConfigError, match=r"holds no Hydra jobs \(subdirs with \.hydra/overrides\.yaml\)\.$"):
+        read_sweep(str(tmp_path / "0" / ".hydra"))
 
 
 def test_a_bad_sweep_dir_is_one_line_and_exit_2(tmp_path, capsys):
