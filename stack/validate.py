@@ -188,8 +188,10 @@ def _check_data(d: DictConfig) -> None:
     _check_completion_len(d)
     if not 0.0 <= d.max_bad_fraction < 1.0:
         raise ConfigError(f"'data.max_bad_fraction'={d.max_bad_fraction} must be in [0, 1).")
-    if not 0.0 < d.eval_fraction < 1.0:
-        raise ConfigError(f"'data.eval_fraction'={d.eval_fraction} must be in (0, 1).")
+    if not d.eval_path and not 0.0 < d.eval_fraction < 1.0:
+        raise ConfigError(f"'data.eval_fraction'={d.eval_fraction} must be in (0, 1): every run evaluates (the "
+                          "eval curves and a sweep's objective); to train on every record of data.path, give the "
+                          "held-out records as data.eval_path.")
     for key in ("workers", "read_threads", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"'data.{key}'={d[key]} must be >= 0.")

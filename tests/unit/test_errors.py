@@ -105,6 +105,10 @@ def test_data_config_mistakes_fail_before_compute():
     assert "'data.packing'=true works for data.kind text and sft, not 'preference'" in error_of(
         ["algorithm=dpo", "data=jsonl_prefs", "data.packing=true"])
     assert "'data.max_bad_fraction'=1.5 must be in [0, 1)" in error_of(["data.max_bad_fraction=1.5"])
+    assert "'data.eval_fraction'=0.0 must be in (0, 1): every run evaluates (the eval curves and a sweep's " \
+        "objective); to train on every record of data.path, give the held-out records as data.eval_path." in error_of(
+            ["data=jsonl_sft", "data.path=a.jsonl", "data.eval_fraction=0"])
+    preflight(["data=jsonl_sft", "data.path=a.jsonl", "data.eval_path=b.jsonl", "data.eval_fraction=0"])  # unused
     assert "Unknown value 'chatm' for 'data.chat_template'. Did you mean chatml?" in error_of(["data.chat_template=chatm"])
     assert "'data.path' is required for data.source='parquet'" in error_of(["data.source=parquet"])
     assert "'data.max_completion_len'=64: expected null or an integer in [1, data.seq_len=64)" in error_of(
