@@ -48,7 +48,8 @@ def accuracy(prompts: list[str], completions: list[str], answer: list[str] | Non
     if answer is None:
         return [None] * len(completions)
     wants = [_reference(want) for want in answer]
-    return [None if want == "" else float(_same(_final_answer(text), want)) for text, want in zip(completions, wants, strict=True)]
+    return [None if want == "" else float(_same(_final_answer(text), want))
+            for text, want in zip(completions, wants, strict=True)]
 
 
 def digits(prompts: list[str], completions: list[str], answer: list[str] | None = None,
