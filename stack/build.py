@@ -161,7 +161,7 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
         raise eval_too_small(cfg.data, eval_split.records)
     quant = make_quantization(cfg.quantization, cfg.seed)
     tx, schedule = make_optimizer(cfg.optimizer)
-    if not abstract and cfg.hardware.platform == "cpu":
+    if not abstract and cfg.hardware.platform == "cpu" and jax.process_count() == 1:  # all of the state is here
         check_host_memory(cfg.model.name, nnx.state(shapes, nnx.Param), tx, quant.trainable is nnx.Param,
                           available_bytes())
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
