@@ -104,12 +104,16 @@ def _with_prompt(record: dict[str, Any], field: str, where: str, template: Templ
     if not chat:
         return [(_string(record, "prompt", where, kind), False)] + template.render(completion, where=where)
     prompt = check_messages(record["prompt"], where, "prompt")
-    return _after(template.render(prompt + completion, where=where), template.render(prompt, True, where))
+    pieces = template.render(prompt + completion, where=where)
+    if not any(m["role"] == "assistant" for m in prompt):  # loss comes from assistant turns only
+        return pieces
+    return _after(pieces, template.render(prompt, True, where))
 
 
 def _after(pieces: Pieces, prompt: Pieces) -> Pieces:
     """`pieces` without loss on the characters they share with the start of the rendered `prompt`."""
-    n = len(os.path.commonprefix(["".join(t for t, _ in pieces), "".join(t for t, _ in prompt)]))
+    text, start = "".join(t for t, _ in pieces), "".join(t for t, _ in prompt)
+    n = len(start) if text.startswith(start) else len(os.path.commonprefix([text, start]))
     out, pos = [], 0
     for text, loss in pieces:
         cut = min(len(text), max(0, n - pos))
