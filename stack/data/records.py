@@ -115,10 +115,10 @@ def _after(pieces: Pieces, prompt: Pieces) -> Pieces:
     text, start = "".join(t for t, _ in pieces), "".join(t for t, _ in prompt)
     n = len(start) if text.startswith(start) else len(os.path.commonprefix([text, start]))
     out, pos = [], 0
-    for text, loss in pieces:
-        cut = min(len(text), max(0, n - pos))
-        out += [(text[:cut], False), (text[cut:], loss)]
-        pos += len(text)
+    for piece, loss in pieces:
+        cut = min(len(piece), max(0, n - pos))
+        out += [(piece[:cut], False), (piece[cut:], loss)]
+        pos += len(piece)
     return [(t, loss) for t, loss in out if t]
 
 
