@@ -1,6 +1,7 @@
 """What the on-policy algorithms (GRPO, PPO) share: the training forward over sampled
 completions, the host scoring of decoded completions, and the reward metrics."""
 
+import json
 from typing import Any
 
 import jax
@@ -55,8 +56,19 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
                                                                    prompt_mask.reshape(n * local, -1))]
     completions = [tokenizer.decode(c[(m > 0) & (c != eos)].tolist())
                    for c, m in zip(completion.reshape(n * local, -1), mask.reshape(n * local, -1))]
-    columns = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
+    columns = reward_columns({k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()})
     return from_process_rows(rewards(prompts, completions, columns).reshape(n, local, -1), rows)
+
+
+def reward_columns(host: dict[str, list]) -> dict[str, list]:
+    """The reward functions' columns: `answer` and each record field (`fields`, JSON per
+    completion, stack.data.records.reward_fields); a record without a field gives None, as a
+    Hugging Face dataset column does."""
+    columns = {k: v for k, v in host.items() if k != "fields"}
+    fields = [json.loads(text) for text in host.get("fields", [])]
+    for key in sorted({key for record in fields for key in record}):
+        columns[key] = [record.get(key) for record in fields]
+    return columns
 
 
 def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array, Metrics]:

@@ -82,7 +82,7 @@ class Encoder:
             return {**self._pair(record, where, wrap), "margin": _margin(record, where)}
         if self.kind == "prompt":
             pieces, answer = records.prompt_pieces(record, where, self.template)
-            return self._prompt_row(pieces, answer, where, wrap)
+            return self._prompt_row(pieces, answer, records.reward_fields(record), where, wrap)
         pieces = (records.text_pieces(record, where) if self.kind == "text"
                   else records.sft_pieces(record, where, self.template))
         return self._row(*self._tokens(pieces, where, wrap=wrap), pad=not self.pack)
@@ -142,13 +142,14 @@ class Encoder:
             rows = [{**r, **completion_arrays(r["targets"], r["loss_mask"], self.max_completion)} for r in rows]
         return {k: np.stack([rows[0][k], rows[1][k]]) for k in rows[0]}
 
-    def _prompt_row(self, pieces: records.Pieces, answer: str, where: str, wrap: bool) -> Row:
+    def _prompt_row(self, pieces: records.Pieces, answer: str, fields: str, where: str, wrap: bool) -> Row:
         ids, _ = self._tokens([(t, True) for t, _ in pieces], where, eos=False, wrap=wrap)
         pad = self.seq_len - len(ids)  # prompts are left-padded, ready for generation
         return {
             "prompt_ids": np.array([self.tok.pad_id] * pad + ids, np.int32),
             "prompt_mask": np.array([0] * pad + [1] * len(ids), np.int32),
             "answer": np.array(answer),
+            "fields": np.array(fields),  # the reward functions' other keyword arguments (JSON)
         }
 
 

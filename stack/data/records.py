@@ -9,12 +9,14 @@
                without "prompt", the common start of chosen and rejected is the prompt (TRL's
                implicit prompt, `implicit_prompt`);
                an optional numeric `margin` (reward models: TRL RewardTrainer's column).
-- `prompt`     {"prompt": str | messages, "answer": str | number (optional)}: for PPO/GRPO;
-               chat prompts end with an open assistant turn.
+- `prompt`     {"prompt": str | messages, "answer": str | number (optional), ...}: for PPO/GRPO;
+               chat prompts end with an open assistant turn; the other fields go to the
+               reward functions (`reward_fields`).
 
 A record that does not fit raises DataError naming its file and line (`_where`).
 """
 
+import json
 import os
 from typing import Any
 
@@ -133,3 +135,10 @@ def prompt_pieces(record: dict[str, Any], where: str, template: Template) -> tup
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise DataError(f"{where}: 'answer' must be a string or a number, got a {type(answer).__name__}.")
     return _prompt(record, where, template, generation_prompt=True), str(answer)
+
+
+def reward_fields(record: dict[str, Any]) -> str:
+    """A prompt record's fields other than `prompt` and `answer`, as JSON: the reward functions'
+    keyword arguments (TRL's GRPOTrainer passes every dataset column but the prompt)."""
+    fields = {k: record[k] for k in _keys(record) if k not in ("prompt", "answer")}
+    return json.dumps(fields, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))

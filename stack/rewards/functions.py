@@ -1,5 +1,6 @@
 """Rule reward functions: plain functions of (prompts, completions, **record columns) -> one
-float (or None: no reward for that sample) per completion, as TRL's GRPOTrainer calls them.
+float (or None: no reward for that sample) per completion, called with keywords as TRL's
+GRPOTrainer calls them (stack.rewards.runner).
 
 `accuracy` compares the completion's final number (or, for non-numeric answers, its last
 non-empty line) with the record's `answer`: the text after its last "####" when it has one

@@ -1,5 +1,9 @@
 """Reward functions in worker processes, each batch under a timeout.
 
+A function is called with keywords, as TRL's GRPOTrainer calls it:
+`fn(prompts=..., completions=..., **columns)`, so both `(prompts, completions, answer, **kw)`
+and TRL's `(completions, **kwargs)` take it.
+
 One spawned worker per function scores a batch; a function that raises, returns the wrong
 number of values, or does not answer within `timeout` seconds gives NaN for those samples
 (its worker is killed and replaced, so the run never hangs). A sample whose function
@@ -14,14 +18,14 @@ import numpy as np
 
 
 def _serve(conn: Any) -> None:
-    """Worker loop: (function, args, kwargs) in, ("ok", values) or ("error", message) out."""
+    """Worker loop: (function, kwargs) in, ("ok", values) or ("error", message) out."""
     while True:
         try:
-            fn, args, kwargs = conn.recv()
+            fn, kwargs = conn.recv()
         except EOFError:
             return
         try:
-            conn.send(("ok", list(fn(*args, **kwargs))))
+            conn.send(("ok", list(fn(**kwargs))))
         except Exception as exc:  # the function's own failure: reported, the worker lives on
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -55,7 +59,7 @@ class RewardRunner:
         """[samples, functions] rewards, NaN where a function gave none."""
         for i, fn in enumerate(self.functions):
             self._workers[i] = self._workers[i] or Worker()
-            self._workers[i].conn.send((fn, (prompts, completions), columns))
+            self._workers[i].conn.send((fn, {**columns, "prompts": prompts, "completions": completions}))
         out = np.full((len(completions), len(self.functions)), np.nan, np.float32)
         for i, name in enumerate(self.names):
             out[:, i] = self._result(i, name, len(completions))

@@ -25,6 +25,16 @@ def wrong_length(prompts, completions, **record):
     return [1.0]
 
 
+def trl_style(completions, **kwargs):
+    """A reward as TRL's docs write one: the completions alone, the rest as keywords."""
+    return [-abs(3 - len(c)) for c in completions]
+
+
+def by_solution(prompts, completions, solution, **kwargs):
+    """A reward reading a record column other than `answer` (None where a record has none)."""
+    return [None if s is None else float(s in c) for c, s in zip(completions, solution, strict=True)]
+
+
 def schedule_failing_on_process_1(peak_value: float, **_):
     """An lr schedule factory (`optimizer.schedule._target_`) that raises on rank 1 of a
     multi-process run only, while rank 0 goes on into the first collective."""

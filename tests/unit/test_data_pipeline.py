@@ -202,10 +202,12 @@ def test_preference_and_prompt_batches(tmp_path):
     chosen, rejected = batch["targets"][0]
     assert TOK.decode(chosen[batch["loss_mask"][0, 0] > 0].tolist()) == "2"
     assert TOK.decode(rejected[batch["loss_mask"][0, 1] > 0].tolist()) == "3"
-    prompts = write_jsonl(tmp_path / "q.jsonl", [{"prompt": [{"role": "user", "content": "1+1="}], "answer": 2}] * 4)
+    record = {"prompt": [{"role": "user", "content": "1+1="}], "answer": 2, "solution": "1+1 is 2", "level": [1]}
+    prompts = write_jsonl(tmp_path / "q.jsonl", [record] * 4)
     cfg = make_cfg(["data=jsonl_prompts", f"data.path={prompts}", f"data.eval_path={prompts}", "data.seq_len=24"]).data
     batch = next(iter(Batches(cfg, TOK, "train", 0, 2)))
     text = "user: 1+1=\nassistant: "
     n = len(text) + 1
     assert batch["prompt_mask"][0].tolist() == [0] * (24 - n) + [1] * n  # left-padded
     assert TOK.decode(batch["prompt_ids"][0].tolist()) == text and batch["answer"].tolist() == ["2", "2"]
+    assert [json.loads(f) for f in batch["fields"]] == [{"solution": "1+1 is 2", "level": [1]}] * 2  # for the rewards

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
+from stack.algorithms.onpolicy import reward_columns
 from stack.errors import ConfigError
 from stack.rewards import make_rewards, resolve
 from stack.rewards.runner import RewardRunner
@@ -31,6 +32,21 @@ def test_failures_and_timeouts_score_nan_and_the_run_goes_on():
             warnings.simplefilter("error")  # warned once per function: silent the second time
             again = runner(["p"], ["c"], {"answer": ["1"]})
         assert again[0, 0] == 1.0 and np.isnan(again[0, 2])  # a fresh worker replaced the timed-out one
+    finally:
+        runner.close()
+
+
+def test_functions_are_called_with_keywords_and_read_any_record_column():
+    host = {"answer": ["2", "4"], "fields": ['{"solution": "2", "level": 1}', "{}"]}  # a prompt batch's host columns
+    columns = reward_columns(host)
+    assert columns == {"answer": ["2", "4"], "level": [1, None], "solution": ["2", None]}  # None: as a HF dataset
+    runner = RewardRunner([("trl", reward_fns.trl_style), ("solution", reward_fns.by_solution)], [1.0, 1.0], 10.0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # neither function fails
+            out = runner(["1+1=", "2+2="], ["2", "five"], columns)
+        np.testing.assert_array_equal(out[:, 0], [-2.0, -1.0])  # -|3 - len(completion)|
+        np.testing.assert_array_equal(out[:, 1], [1.0, np.nan])
     finally:
         runner.close()
 

@@ -288,7 +288,7 @@ def test_global_batch_in_one_process_is_the_stacked_rows(tmp_path):
     exp = build(make_cfg(TINY + [f"run_dir={tmp_path}", "data=jsonl_prompts"]), str(tmp_path))
     rows = [exp.eval_batches[0], exp.eval_batches[0]]
     device, host = global_batch(rows, batch_sharding(exp.mesh, exp.rules))
-    assert set(device) == {"prompt_ids", "prompt_mask", "index"} and set(host) == {"answer"}
+    assert set(device) == {"prompt_ids", "prompt_mask", "index"} and set(host) == {"answer", "fields"}
     np.testing.assert_array_equal(np.asarray(device["prompt_ids"]), np.stack([r["prompt_ids"] for r in rows]))
     assert host["answer"].shape == (2, 8)
 
