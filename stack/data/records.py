@@ -69,8 +69,13 @@ def _prompt(record: dict[str, Any], where: str, template: Template, generation_p
 def implicit_prompt(record: dict[str, Any], where: str) -> dict[str, Any]:
     """A pair without 'prompt' split at the common start of 'chosen' and 'rejected' (their common
     messages; of strings, their common characters less a trailing space), as TRL's extract_prompt
-    splits an implicit-prompt preference record."""
+    splits an implicit-prompt preference record. A string 'prompt' beside chosen / rejected
+    conversations that hold it (a user turn) is dropped first, as TRL's maybe_extract_prompt does
+    (HuggingFaceH4/ultrafeedback_binarized's layout)."""
     chosen, rejected = record.get("chosen"), record.get("rejected")
+    if isinstance(record.get("prompt"), str) and isinstance(chosen, list) and any(
+            isinstance(m, dict) and m.get("role") != "assistant" for m in chosen):
+        record = {k: v for k, v in record.items() if k != "prompt"}
     if "prompt" in record or not isinstance(chosen, (str, list)) or type(chosen) is not type(rejected):
         return record
     n = 0

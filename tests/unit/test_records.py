@@ -78,6 +78,12 @@ def test_a_pair_without_a_prompt_is_split_where_chosen_and_rejected_first_differ
         explicit, "p.jsonl:1", TEMPLATES["simple"])
     with pytest.raises(DataError, match=r"p\.jsonl:2: a preference record without 'prompt' .* one of them starts"):
         implicit_prompt({"chosen": "The sky", "rejected": "The sky is"}, "p.jsonl:2")
+    # a string prompt beside whole conversations (HuggingFaceH4/ultrafeedback_binarized): TRL's
+    # maybe_extract_prompt drops it and splits the conversations; a prompt for assistant-only ones stays
+    beside = {"prompt": "hi", **implicit}
+    assert preference_pieces(beside, "p.jsonl:3", TEMPLATES["simple"]) == preference_pieces(
+        explicit, "p.jsonl:3", TEMPLATES["simple"])
+    assert implicit_prompt({"prompt": "hi", "chosen": four, "rejected": five}, "p.jsonl:4")["prompt"] == "hi"
 
 
 def test_max_completion_len_keeps_the_first_k_completion_tokens_and_indexes_them(caplog):
