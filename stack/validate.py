@@ -1,6 +1,7 @@
 """Checks on a composed config that need no jax: they run before any compute."""
 
 import dataclasses
+from importlib.resources import files
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -130,9 +131,18 @@ def _check_data_kind(cfg: DictConfig) -> None:
     """The data the algorithm reads, as its schema states it."""
     schema = OmegaConf.get_type(cfg.algorithm)
     if cfg.data.kind not in schema.data_kinds:
+        options = [f"data={o}" for o in data_options(schema.data_kinds)]
         raise ConfigError(
             f"'data.kind'={cfg.data.kind!r} does not fit algorithm={cfg.algorithm.name!r}, which reads "
-            f"{' or '.join(schema.data_kinds)} records; pick a matching data option.")
+            f"{' or '.join(schema.data_kinds)} records; pick a data option of that kind ({', '.join(options)}), "
+            f"or set data.kind={schema.data_kinds[0]} for records of that schema in your data.path.")
+
+
+def data_options(kinds: tuple[str, ...]) -> list[str]:
+    """The shipped `data` options (conf/data/*.yaml) whose records are of one of `kinds`."""
+    folder = files("stack.conf").joinpath("data")
+    return sorted(p.name[:-5] for p in folder.iterdir()
+                  if p.name.endswith(".yaml") and OmegaConf.create(p.read_text()).get("kind") in kinds)
 
 
 def _check_algorithm(cfg: DictConfig) -> None:

@@ -149,6 +149,8 @@ def test_the_algorithm_says_which_data_it_reads():
     assert "'algorithm.loss_type'" in error_of(["algorithm=dpo", "data=jsonl_prefs", "algorithm.loss_type=ipx"])
     # a DPO recipe on SFT data: the mismatch, not the recipe's preference-only key it trips first
     assert error_of(["+recipe=llama_dpo", "data=jsonl_sft"]).startswith("'data.kind'='sft' does not fit algorithm='dpo'")
+    assert "pick a data option of that kind (data=jsonl_prompts)" in error_of(["algorithm=grpo"])  # the options named
+    assert "(data=jsonl_sft, data=parquet_sft, data=synthetic)" in msg
 
 
 def test_a_recipe_without_its_plus_says_to_add_one():
