@@ -2,8 +2,10 @@
 Llama directory (config.json, model.safetensors, and the tokenizer files if the run used a
 local tokenizer) that `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads without
 warnings: config.json in the form transformers 5 writes, with the tokenizer's bos/eos/pad ids.
-A reward model's head is written beside it as `score_head.safetensors`, a PPO value model's
-head as `value_head.safetensors`: one tensor `score.weight` [1, d_model] each, the layout of
+A reward model (algorithm=rm) is written as a LlamaForSequenceClassification with one label, as
+TRL's RewardTrainer saves one (`AutoModelForSequenceClassification.from_pretrained(DIR)` scores
+as `python -m stack.generate --score` does). A PPO value model's head is written beside the
+policy as `value_head.safetensors`: one tensor `score.weight` [1, d_model], the layout of
 `LlamaForSequenceClassification.score` (a PPO value model's own trunk is not exported).
 A LoRA/QLoRA run is exported with `--merge-adapters` (base + (alpha / rank) A B; a QLoRA base
 dequantized). Importing is `model.init_from=hf:DIR` on any run.
@@ -13,17 +15,18 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 from stack.errors import ConfigError
 
-# trained module -> (path of its head's kernel [d_model, 1] in the checkpoint, file written beside the model)
-HEADS = {"score": (("kernel",), "score_head.safetensors"),  # a reward model (algorithm=rm)
-         "value": (("head", "kernel"), "value_head.safetensors")}  # PPO's value model
+SCORE = ("score", "kernel")  # a reward model's head [d_model, 1] in its checkpoint (algorithm=rm)
+VALUE = ("value", "head", "kernel")  # PPO's value head, written beside the policy as value_head.safetensors
 
 
 def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "float32",
            merge_adapters: bool = False) -> int:
-    """Write the policy of `checkpoints` (newest step, or `step`) to `out`, and the scalar heads
-    saved beside it (HEADS); return the step. A LoRA/QLoRA run needs `merge_adapters`: its
+    """Write the policy of `checkpoints` (newest step, or `step`) to `out` (a reward model with its
+    score head, a PPO value head beside it); return the step. A LoRA/QLoRA run needs `merge_adapters`: its
     checkpoint holds adapters only, exported as W + (alpha / rank) A B (stack.quant.merge); a PTQ
     checkpoint (python -m stack.quantize) exports its dequantized weights."""
     from stack.models.hf import export_hf
@@ -36,8 +39,17 @@ def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "fl
     model, cfg, saved = float_policy(checkpoints, step)  # PTQ weights dequantized
     tokenizer = cfg.data.tokenizer
     tokenizer_dir = None if tokenizer == "byte" else tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
-    export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype, specials=specials(tokenizer))
-    _export_heads(saved.tree, out, dtype)
+    score = _head(saved.tree, SCORE)
+    export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype, specials=specials(tokenizer),
+              score=None if score is None else score.T)
+    value = _head(saved.tree, VALUE)
+    if value is not None:
+        from safetensors.numpy import save_file
+
+        from stack.models.hf import DTYPES
+
+        weight = np.ascontiguousarray(value.T.astype(DTYPES[dtype]))  # HF's score.weight layout [1, d_model]
+        save_file({"score.weight": weight}, os.path.join(out, "value_head.safetensors"), metadata={"format": "pt"})
     return saved.step
 
 
@@ -49,21 +61,11 @@ def specials(tokenizer: str) -> dict[str, int]:
     return {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
 
 
-def _export_heads(tree: dict, out: str, dtype: str) -> None:
-    """Each scalar head of `tree` as `<file>` with one tensor `score.weight` [1, d_model] (HF's
-    LlamaForSequenceClassification layout)."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    from stack.models.hf import DTYPES
-
-    for module, (path, file) in HEADS.items():
-        node = tree.get(module)
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None:
-            weight = np.ascontiguousarray(np.asarray(node).T.astype(DTYPES[dtype]))
-            save_file({"score.weight": weight}, os.path.join(out, file), metadata={"format": "pt"})
+def _head(tree: dict, path: tuple[str, ...]) -> np.ndarray | None:
+    """The array at `path` of a saved params tree, or None."""
+    for key in path:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return None if tree is None else np.asarray(tree)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,19 +116,25 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
 
 
 def export_hf(model: nnx.Module, cfg: Any, out_dir: str, tokenizer_dir: str | None = None,
-              dtype: str = "float32", specials: dict[str, int | None] | None = None) -> None:
+              dtype: str = "float32", specials: dict[str, int | None] | None = None,
+              score: np.ndarray | None = None) -> None:
     """Write `model` as a HF LlamaForCausalLM: config.json (`specials`: bos/eos/pad_token_id),
     model.safetensors (in `dtype`) and the tokenizer files found in `tokenizer_dir`. Params must be
-    addressable from this process."""
+    addressable from this process. With a reward model's `score` [1, d_model]: a
+    LlamaForSequenceClassification (its `score.weight` in place of `lm_head.weight`), what
+    `AutoModelForSequenceClassification.from_pretrained` loads (TRL's reward model layout)."""
     if dtype not in DTYPES:
         raise bad_choice("dtype", dtype, DTYPES)
     tensors = {}
     for name, (var, transpose) in _params(model).items():
         arr = np.asarray(jax.device_get(var.get_value()))
         tensors[name] = np.ascontiguousarray((arr.T if transpose else arr).astype(DTYPES[dtype]))
+    if score is not None:
+        tensors.pop("lm_head.weight", None)
+        tensors["score.weight"] = np.ascontiguousarray(score.astype(DTYPES[dtype]))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(hf_config(cfg, dtype, **(specials or {})), f, indent=2)
+        json.dump(hf_config(cfg, dtype, **(specials or {}), reward=score is not None), f, indent=2)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     for name in TOKENIZER_FILES if tokenizer_dir else ():
         if os.path.exists(os.path.join(tokenizer_dir, name)):

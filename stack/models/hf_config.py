@@ -134,10 +134,12 @@ def take_architecture(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,
-              eos_token_id: int | None = None, pad_token_id: int | None = None) -> dict:
+              eos_token_id: int | None = None, pad_token_id: int | None = None, reward: bool = False) -> dict:
     """`config.json` of a LlamaForCausalLM equal to the model described by `cfg`, in the form
     transformers 5 writes itself (`LlamaForCausalLM.save_pretrained`): every key it writes, sorted,
-    `rope_parameters` holding theta and scaling, `dtype`; all but its `transformers_version`."""
+    `rope_parameters` holding theta and scaling, `dtype`; all but its `transformers_version`.
+    `reward`: a LlamaForSequenceClassification with one label (a reward model, as TRL's
+    RewardTrainer saves one)."""
     ours = _ours(cfg)
     rope = {"rope_theta": float(ours["rope_theta"]), "rope_type": "default"}
     if ours["rope_scaling"]["type"] == "llama3":
@@ -148,6 +150,9 @@ def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,
            "use_cache": True, "max_position_embeddings": cfg.max_seq_len, "initializer_range": cfg.init_std,
            "dtype": dtype, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
            "pad_token_id": pad_token_id, "rope_parameters": dict(sorted(rope.items()))}
+    if reward:
+        hf |= {"architectures": ["LlamaForSequenceClassification"], "id2label": {"0": "LABEL_0"},
+               "label2id": {"LABEL_0": 0}}
     return dict(sorted(hf.items()))
 
 

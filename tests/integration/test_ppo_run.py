@@ -102,11 +102,11 @@ def test_reward_model_scores_ppo_completions_as_it_scores_text(tmp_path, capsys)
 
 
 def exported_head_scores_like_generate(rm: str, out, capsys) -> None:
-    """`stack.hf export` of the RM + `score_head.safetensors` in transformers'
-    LlamaForSequenceClassification gives the scores `python -m stack.generate --score` prints."""
+    """`stack.hf export` of the RM is what TRL's RewardTrainer saves: transformers'
+    AutoModelForSequenceClassification loads it with no missing or unused weight and gives the
+    scores `python -m stack.generate --score` prints."""
     transformers = pytest.importorskip("transformers", reason="the export check needs transformers")
     torch = pytest.importorskip("torch", reason="the export check needs torch")
-    from safetensors.numpy import load_file
 
     from stack.generate import main as generate_main
     from stack.hf import export
@@ -115,9 +115,10 @@ def exported_head_scores_like_generate(rm: str, out, capsys) -> None:
     capsys.readouterr()
     generate_main([rm, "--prompt", "copy abc=", "--score", "abc", "--score", "abd"])
     ours = [float(line.split("\t")[0]) for line in capsys.readouterr().out.splitlines()]
-    hf = transformers.LlamaForSequenceClassification.from_pretrained(str(out), num_labels=1, pad_token_id=0).eval()
+    hf, info = transformers.AutoModelForSequenceClassification.from_pretrained(str(out), output_loading_info=True)
+    assert type(hf).__name__ == "LlamaForSequenceClassification" and hf.config.num_labels == 1
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     with torch.no_grad():
-        hf.score.weight.copy_(torch.from_numpy(load_file(str(out / "score_head.safetensors"))["score.weight"]))
         ids = [[1, *(b + 3 for b in f"copy abc={c}".encode()), 2] for c in ("abc", "abd")]  # bytes: BOS .. EOS
-        theirs = hf(torch.tensor(ids)).logits[:, 0].numpy()
+        theirs = hf.eval()(torch.tensor(ids)).logits[:, 0].numpy()
     np.testing.assert_allclose(ours, theirs, atol=1e-3)  # printed with 4 decimals
