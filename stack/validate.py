@@ -7,6 +7,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from stack.errors import ConfigError, bad_choice, unknown_key
+from stack.models.hf_config import hf_config_to_model, read_config
 from stack.quant.config import check_config, check_training
 from stack.rewards import check_name
 from stack.schema import GROUPS
@@ -111,10 +112,12 @@ def _check_reward(cfg: DictConfig) -> None:
     if r.name == "model" and r.init_from is None:
         raise ConfigError("'reward.init_from' is required: reward=model scores with a reward model, the "
                           "checkpoints dir of an algorithm=rm run (e.g. +recipe=llama_rm): reward.init_from=RUN/checkpoints.")
-    if r.init_from is not None:  # reward=model: checked when it is loaded (stack.rewards.model)
+    if r.init_from is not None:  # reward=model: a run's checkpoints are checked when loaded (stack.rewards.model)
         if r.functions:
             raise ConfigError(f"'reward.init_from'={r.init_from!r} (a reward model) and 'reward.functions'="
                               f"{list(r.functions)} are both set; a run scores with one: reward=model or reward=rules.")
+        if r.init_from.startswith("hf:"):
+            _check_hf_reward(r.init_from, cfg.model.vocab_size)
         return
     if not r.functions:
         raise ConfigError("'reward.functions' is empty: list at least one (accuracy, format, length, or pkg.module.fn).")
@@ -125,6 +128,18 @@ def _check_reward(cfg: DictConfig) -> None:
                           f"({list(r.functions)}); give one weight per function or null.")
     if not r.timeout > 0:
         raise ConfigError(f"'reward.timeout'={r.timeout} must be > 0 (seconds per batch).")
+
+
+def _check_hf_reward(path: str, vocab_size: int) -> None:
+    """`reward.init_from=hf:DIR`: a one-label LlamaForSequenceClassification over the policy's vocabulary."""
+    try:
+        theirs = hf_config_to_model(read_config(path), reward=True)["vocab_size"]
+    except ConfigError as exc:
+        raise ConfigError(f"'reward.init_from'={path!r}: {exc}") from None
+    if theirs != vocab_size:
+        raise ConfigError(f"'reward.init_from'={path!r} has vocab_size={theirs} and the policy model.vocab_size="
+                          f"{vocab_size}: the reward model reads the policy's tokens, so it must share its tokenizer "
+                          "(as TRL's PPOTrainer requires).")
 
 
 def _check_data_kind(cfg: DictConfig) -> None:

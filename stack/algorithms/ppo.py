@@ -103,7 +103,7 @@ class PPO:
         critic = Critic(make_head(policy, ctx.seed), None if shared else copy_module(policy))
         frozen = self.reference.setup(policy, ctx)
         if isinstance(ctx.rewards, ModelReward):
-            frozen["reward_model"] = ctx.rewards.load(abstract=is_abstract(policy))
+            frozen["reward_model"] = ctx.rewards.load(abstract=is_abstract(policy), policy_cfg=ctx.model)
             self.score = self.scores_spec = None
         return Setup(trained={"value": critic}, frozen=frozen, state={"kl_coef": np.float32(self.kl_coef)})
 

@@ -101,7 +101,26 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
     """
     root = path.removeprefix("hf:")
     check_config(read_config(root), cfg)
-    params = _params(model)
+    _load(root, cfg, _params(model))
+
+
+def load_hf_reward(trunk: nnx.Module, head: nnx.Module, cfg: Any, path: str) -> None:
+    """Load a HF LlamaForSequenceClassification with one label (TRL's reward model) into `trunk`
+    (a Llama) and `head` (a stack.models.heads.ScalarHead, from `score.weight`). The checkpoint
+    has no LM head: the trunk's is zeroed (a score reads the final hidden states only)."""
+    root = path.removeprefix("hf:")
+    check_config(read_config(root), cfg, reward=True)
+    params = _params(trunk)
+    lm_head = params.pop("lm_head.weight", None)
+    _load(root, cfg, {**params, "score.weight": (head.kernel, True)})
+    if lm_head is not None:
+        zeros = np.zeros(lm_head[0].get_value().shape, lm_head[0].get_value().dtype)
+        lm_head[0].set_value(jax.make_array_from_callback(zeros.shape, _sharding(lm_head[0].get_value()),
+                                                          lambda i: zeros[i]))
+
+
+def _load(root: str, cfg: Any, params: dict[str, tuple[nnx.Variable, bool]]) -> None:
+    """The tensors of `root` named in `params` into their variables (all checked first)."""
     try:
         for file, names in _check_tensors(root, cfg, params, _tensor_files(root)).items():
             with safe_open(file, framework="numpy") as f:  # bf16 comes as ml_dtypes.bfloat16

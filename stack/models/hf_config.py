@@ -36,13 +36,18 @@ def read_config(root: str) -> dict:
         raise ConfigError(f"cannot read the Hugging Face config.json in {root!r}: {e}") from None
 
 
-def _check_llama(hf: dict) -> None:
-    """Reject configs of models other than a bias-free SiLU LlamaForCausalLM."""
-    archs = hf.get("architectures") or ["LlamaForCausalLM"]
-    if hf.get("model_type") != "llama" or archs != ["LlamaForCausalLM"]:
-        raise ConfigError(
-            f"config.json describes model_type={hf.get('model_type')!r}, architectures={archs}; "
-            "only Llama checkpoints (model_type 'llama', LlamaForCausalLM) can be used with this model.")
+def _check_llama(hf: dict, reward: bool = False) -> None:
+    """Reject configs of models other than a bias-free SiLU LlamaForCausalLM (`reward`: a
+    LlamaForSequenceClassification with one label, TRL's reward model)."""
+    want, use = ("LlamaForSequenceClassification", "as a reward model") if reward else ("LlamaForCausalLM",
+                                                                                         "with this model")
+    archs = hf.get("architectures") or [want]
+    if hf.get("model_type") != "llama" or archs != [want]:
+        raise ConfigError(f"config.json describes model_type={hf.get('model_type')!r}, architectures={archs}; "
+                          f"only Llama checkpoints (model_type 'llama', {want}) can be used {use}.")
+    labels = len(hf.get("id2label") or {0: 0, 1: 1})  # transformers' default: 2 labels
+    if reward and labels != 1:
+        raise ConfigError(f"config.json has {labels} labels (id2label); a reward model scores with one (num_labels=1).")
     unsupported = {k: hf[k] for k, ok in (("attention_bias", False), ("mlp_bias", False),
                                           ("hidden_act", "silu")) if hf.get(k, ok) != ok}
     if unsupported:
@@ -50,9 +55,10 @@ def _check_llama(hf: dict) -> None:
                           "(it has no biases and uses SiLU).")
 
 
-def hf_config_to_model(hf: dict) -> dict:
-    """The ModelConfig fields implied by a HF Llama `config.json` (head_dim None if derived)."""
-    _check_llama(hf)
+def hf_config_to_model(hf: dict, reward: bool = False) -> dict:
+    """The ModelConfig fields implied by a HF Llama `config.json` (head_dim None if derived;
+    `reward`: of a LlamaForSequenceClassification)."""
+    _check_llama(hf, reward)
     try:
         d, heads = hf["hidden_size"], hf["num_attention_heads"]
         out = {"vocab_size": hf["vocab_size"], "d_model": d, "n_layers": hf["num_hidden_layers"],
@@ -93,9 +99,10 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def check_config(hf: dict, cfg: Any, where: str = "the Hugging Face checkpoint's config.json") -> None:
+def check_config(hf: dict, cfg: Any, where: str = "the Hugging Face checkpoint's config.json",
+                 reward: bool = False) -> None:
     """Raise ConfigError with a table of every model.* value that disagrees with `config.json`."""
-    theirs = hf_config_to_model(hf)
+    theirs = hf_config_to_model(hf, reward)
     theirs["head_dim"] = theirs["head_dim"] or theirs["d_model"] // theirs["n_heads"]
     ours = _ours(cfg)
     bad = [(f"model.{k}", str(ours[k]), f"{HF_KEYS[k]}={theirs[k]}") for k in HF_KEYS if not _same(ours[k], theirs[k])]

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from stack.algorithms.rm import pair_rows
 from stack.errors import ConfigError
@@ -36,7 +36,9 @@ class RewardScorer(nnx.Module):
 
 @dataclass(frozen=True)
 class ModelReward:
-    """The reward model of a checkpoints dir written by an `algorithm=rm` run."""
+    """The reward model of a checkpoints dir written by an `algorithm=rm` run, or `hf:DIR`: a
+    Hugging Face LlamaForSequenceClassification with one label (TRL RewardTrainer's output,
+    `stack.hf export` of an RM run)."""
 
     init_from: str
     key: str = "'reward.init_from'"  # how errors name init_from (the stack.generate --score path)
@@ -45,6 +47,9 @@ class ModelReward:
         """The resolved config of the run that wrote the checkpoints (its `config.yaml`)."""
         from stack.policy import run_config
 
+        if self.init_from.startswith("hf:"):
+            raise ConfigError(f"{self.key}={self.init_from!r} is a Hugging Face reward model; this needs the "
+                              "checkpoints of an algorithm=rm run (RUN/checkpoints).")
         cfg = run_config(self.init_from, key=f"{self.key}=")
         if cfg.algorithm.name != "rm":
             raise ConfigError(f"{self.key}={self.init_from!r} was written by algorithm="
@@ -54,12 +59,15 @@ class ModelReward:
     def close(self) -> None:
         """Nothing to stop (the reward model lives in the run's frozen modules)."""
 
-    def load(self, abstract: bool = False) -> RewardScorer:
-        """The reward model with its trained params (shape-only when `abstract`: mode=compile)."""
+    def load(self, abstract: bool = False, policy_cfg: DictConfig | None = None) -> RewardScorer:
+        """The reward model with its trained params (shape-only when `abstract`: mode=compile);
+        `policy_cfg` (the policy's `model` config) gives an `hf:` model its dtypes."""
         from stack.models.init import abstract_model
         from stack.policy import load_policy
         from stack.saved_params import assign_params
 
+        if self.init_from.startswith("hf:"):
+            return self._load_hf(abstract, policy_cfg)
         model_cfg = self.run_config().model
         with nnx.use_eager_sharding(False):
             if abstract:  # no concrete array: the mesh may be a compile-only TPU topology
@@ -69,6 +77,19 @@ class ModelReward:
         if "score" not in saved.tree:
             raise ConfigError(f"{self.key}={self.init_from!r} (step {saved.step}) holds no `score` head.")
         assign_params(head, saved.tree["score"], f"{self.init_from}/{saved.step}")
+        return RewardScorer(trunk, head)
+
+    def _load_hf(self, abstract: bool, policy_cfg: DictConfig) -> RewardScorer:
+        from stack.models.hf import load_hf_reward
+        from stack.models.hf_config import hf_config_to_model, read_config
+        from stack.models.init import abstract_model
+
+        model_cfg = OmegaConf.merge(policy_cfg, hf_config_to_model(read_config(self.init_from), reward=True))
+        trunk = abstract_model(model_cfg)  # sharded as the policy is, under the run's mesh
+        with nnx.use_eager_sharding(False):
+            head = nnx.eval_shape(lambda: ScalarHead(model_cfg.d_model))
+        if not abstract:
+            load_hf_reward(trunk, head, model_cfg, self.init_from)
         return RewardScorer(trunk, head)
 
 

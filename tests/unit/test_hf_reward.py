@@ -1,0 +1,71 @@
+"""A Hugging Face reward model as `reward.init_from=hf:DIR` (what TRL's RewardTrainer saves: a
+LlamaForSequenceClassification with one label): it scores as transformers scores it, PPO trains
+with it, and a directory that is not such a model is refused before the run starts."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stack.build import build
+from stack.errors import ConfigError
+from stack.rewards.model import ModelReward
+from stack.trainer import train
+from stack.validate import validate
+from tests.conftest import QUICK, make_cfg, read_metrics
+
+transformers = pytest.importorskip("transformers", reason="the reference reward model is a transformers model")
+torch = pytest.importorskip("torch", reason="the reference reward model is a transformers model")
+
+
+def save_reward_model(path, vocab_size: int = 384, labels: int = 1, causal: bool = False):
+    """A random Llama reward model of its own shapes (not the policy's), saved as transformers does."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rms_norm_eps=1e-5, num_labels=labels, pad_token_id=0)
+    cls = transformers.LlamaForCausalLM if causal else transformers.LlamaForSequenceClassification
+    model = cls(config).eval()
+    if not causal:
+        torch.nn.init.normal_(model.score.weight)  # scores far from 0: a wrong trunk or head shows
+    model.save_pretrained(str(path))
+    return model
+
+
+def test_scores_equal_transformers_at_the_last_real_token(tmp_path):
+    hf = save_reward_model(tmp_path)
+    scorer = ModelReward(f"hf:{tmp_path}").load(policy_cfg=make_cfg([]).model)
+    ids = np.array([[1, 50, 60, 70, 2, 0, 0], [1, 80, 81, 82, 83, 84, 2]], np.int64)  # right-padded, pad id 0
+    ours = scorer(jnp.asarray(ids, jnp.int32), jnp.asarray((ids > 0).astype(np.int32)))
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(ids)).logits[:, 0].numpy()
+    assert np.abs(theirs).min() > 0.1
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+
+
+def test_ppo_trains_scored_by_it(tmp_path):
+    save_reward_model(tmp_path / "rm")
+    (tmp_path / "run").mkdir()
+    cfg = make_cfg(["algorithm=ppo", "data=jsonl_prompts", *QUICK, "algorithm.max_new_tokens=4",
+                    "algorithm.num_ppo_epochs=1", "algorithm.num_mini_batches=1", "trainer.steps=1",
+                    "checkpoint=none", "reward=model", f"reward.init_from=hf:{tmp_path / 'rm'}",
+                    f"run_dir={tmp_path / 'run'}"])
+    validate(cfg)
+    train(build(cfg, str(tmp_path / "run")))
+    row = next(r for r in read_metrics(tmp_path / "run") if "train/objective/scores" in r)
+    assert math.isfinite(row["train/objective/scores"]) and row["train/objective/scores"] != 0.0
+
+
+@pytest.mark.parametrize("kind,match", [
+    ("causal", r"architectures=\['LlamaForCausalLM'\]; only Llama checkpoints \(model_type 'llama', "
+               r"LlamaForSequenceClassification\) can be used as a reward model"),
+    ("labels", r"config.json has 2 labels \(id2label\); a reward model scores with one"),
+    ("vocab", r"has vocab_size=512 and the policy model.vocab_size=384: .* must share its tokenizer"),
+])
+def test_a_directory_that_is_not_such_a_model_is_refused_up_front(kind, match, tmp_path):
+    save_reward_model(tmp_path, vocab_size=512 if kind == "vocab" else 384, labels=2 if kind == "labels" else 1,
+                      causal=kind == "causal")
+    cfg = make_cfg(["algorithm=ppo", "data=jsonl_prompts", "reward=model", f"reward.init_from=hf:{tmp_path}"])
+    with pytest.raises(ConfigError, match=rf"^'reward.init_from'='hf:{tmp_path}'.*{match}"):
+        validate(cfg)
