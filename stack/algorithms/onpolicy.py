@@ -56,19 +56,24 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
                                                                    prompt_mask.reshape(n * local, -1))]
     completions = [tokenizer.decode(c[(m > 0) & (c != eos)].tolist())
                    for c, m in zip(completion.reshape(n * local, -1), mask.reshape(n * local, -1))]
-    columns = reward_columns({k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()})
-    return from_process_rows(rewards(prompts, completions, columns).reshape(n, local, -1), rows)
+    host = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
+    return from_process_rows(rewards(*reward_inputs(prompts, completions, host)).reshape(n, local, -1), rows)
 
 
-def reward_columns(host: dict[str, list]) -> dict[str, list]:
-    """The reward functions' columns: `answer` and each record field (`fields`, JSON per
-    completion, stack.data.records.reward_fields); a record without a field gives None, as a
-    Hugging Face dataset column does."""
+def reward_inputs(prompts: list[str], completions: list[str], host: dict[str, list]) -> tuple[list, list, dict]:
+    """(prompts, completions, columns) as TRL's GRPOTrainer hands them to reward functions: the
+    columns are `answer` and each record field (`fields`, JSON per completion,
+    stack.data.records.reward_fields; None where a record lacks one, as in a Hugging Face dataset);
+    of a conversational prompt, the prompt is its messages and the completion
+    `[{"role": "assistant", "content": text}]`."""
     columns = {k: v for k, v in host.items() if k != "fields"}
     fields = [json.loads(text) for text in host.get("fields", [])]
     for key in sorted({key for record in fields for key in record}):
         columns[key] = [record.get(key) for record in fields]
-    return columns
+    chats = columns.pop("prompt", [None] * len(prompts))
+    return ([text if chat is None else chat for text, chat in zip(prompts, chats, strict=True)],
+            [text if chat is None else [{"role": "assistant", "content": text}]
+             for text, chat in zip(completions, chats, strict=True)], columns)
 
 
 def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array, Metrics]:

@@ -143,7 +143,9 @@ def prompt_pieces(record: dict[str, Any], where: str, template: Template) -> tup
 
 
 def reward_fields(record: dict[str, Any]) -> str:
-    """A prompt record's fields other than `prompt` and `answer`, as JSON: the reward functions'
-    keyword arguments (TRL's GRPOTrainer passes every dataset column but the prompt)."""
-    fields = {k: record[k] for k in _keys(record) if k not in ("prompt", "answer")}
+    """A prompt record's fields other than `answer` (and a string `prompt`), as JSON: the reward
+    functions' keyword arguments (TRL's GRPOTrainer passes every dataset column but the prompt),
+    and a conversational prompt's messages, which TRL passes as the prompt."""
+    fields = {k: record[k] for k in _keys(record)
+              if k != "answer" and (k != "prompt" or isinstance(record[k], list))}
     return json.dumps(fields, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))

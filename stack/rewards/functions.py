@@ -1,6 +1,7 @@
 """Rule reward functions: plain functions of (prompts, completions, **record columns) -> one
 float (or None: no reward for that sample) per completion, called with keywords as TRL's
-GRPOTrainer calls them (stack.rewards.runner).
+GRPOTrainer calls them (stack.rewards.runner). A completion is text, or of a conversational
+prompt TRL's `[{"role": "assistant", "content": text}]` (`_text` reads either).
 
 `accuracy` compares the completion's final number (or, for non-numeric answers, its last
 non-empty line) with the record's `answer`: the text after its last "####" when it has one
@@ -34,6 +35,11 @@ def _final_answer(text: str) -> str | None:
     return lines[-1] if lines else None
 
 
+def _text(completion: str | list[dict]) -> str:
+    """A completion's text: itself, or a conversational completion's last message's content."""
+    return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
 def _same(got: str | None, want: str) -> bool:
     if got is None:
         return False
@@ -49,8 +55,8 @@ def accuracy(prompts: list[str], completions: list[str], answer: list[str] | Non
     if answer is None:
         return [None] * len(completions)
     wants = [_reference(want) for want in answer]
-    return [None if want == "" else float(_same(_final_answer(text), want))
-            for text, want in zip(completions, wants, strict=True)]
+    return [None if want == "" else float(_same(_final_answer(_text(c)), want))
+            for c, want in zip(completions, wants, strict=True)]
 
 
 def digits(prompts: list[str], completions: list[str], answer: list[str] | None = None,
@@ -58,12 +64,12 @@ def digits(prompts: list[str], completions: list[str], answer: list[str] | None 
     """Digit places (from the right) where the completion's final integer matches `answer`, over
     the longer of the two (None: no numeric answer); no number in the completion scores 0."""
     out: list[float | None] = []
-    for text, want in zip(completions, answer or [None] * len(completions), strict=True):
+    for c, want in zip(completions, answer or [None] * len(completions), strict=True):
         want = _reference(want)
         if not want.lstrip("-").isdigit():
             out.append(None)
             continue
-        got = _final_answer(text) or ""
+        got = _final_answer(_text(c)) or ""
         got = got if got.lstrip("-").isdigit() else ""
         width = max(len(got), len(want))
         same = sum(a == b for a, b in zip(got.rjust(width), want.rjust(width), strict=True))
@@ -75,12 +81,12 @@ def format_match(prompts: list[str], completions: list[str], pattern: str = r"\s
                  **record: Any) -> list[float]:
     """1.0 when the whole completion matches `pattern` (reward.format_pattern), else 0.0."""
     compiled = re.compile(pattern, re.DOTALL)
-    return [float(compiled.fullmatch(text) is not None) for text in completions]
+    return [float(compiled.fullmatch(_text(c)) is not None) for c in completions]
 
 
 def length_penalty(prompts: list[str], completions: list[str], max_length: int = 64, **record: Any) -> list[float]:
     """-min(1, len(completion) / max_length): shorter completions score higher."""
-    return [-min(1.0, len(text) / max_length) for text in completions]
+    return [-min(1.0, len(_text(c)) / max_length) for c in completions]
 
 
 RULES = {"accuracy": accuracy, "digits": digits, "format": format_match, "length": length_penalty}

@@ -26,8 +26,8 @@ def wrong_length(prompts, completions, **record):
 
 
 def trl_style(completions, **kwargs):
-    """A reward as TRL's docs write one: the completions alone, the rest as keywords."""
-    return [-abs(3 - len(c)) for c in completions]
+    """A reward as TRL's docs write one: the completions alone (text, or conversational), the rest as keywords."""
+    return [-abs(3 - len(c[0]["content"] if isinstance(c, list) else c)) for c in completions]
 
 
 def by_solution(prompts, completions, solution, **kwargs):

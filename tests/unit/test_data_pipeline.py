@@ -210,4 +210,5 @@ def test_preference_and_prompt_batches(tmp_path):
     n = len(text) + 1
     assert batch["prompt_mask"][0].tolist() == [0] * (24 - n) + [1] * n  # left-padded
     assert TOK.decode(batch["prompt_ids"][0].tolist()) == text and batch["answer"].tolist() == ["2", "2"]
-    assert [json.loads(f) for f in batch["fields"]] == [{"solution": "1+1 is 2", "level": [1]}] * 2  # for the rewards
+    fields = {"prompt": record["prompt"], "solution": "1+1 is 2", "level": [1]}  # for the rewards: TRL's columns
+    assert [json.loads(f) for f in batch["fields"]] == [fields] * 2

@@ -1,15 +1,16 @@
 """The reward runner with real worker processes: failures and timeouts give NaN, never hang,
 warn once and are counted; user functions need an explicit allow-list entry."""
 
+import json
 import time
 import warnings
 
 import numpy as np
 import pytest
 
-from stack.algorithms.onpolicy import reward_columns
+from stack.algorithms.onpolicy import reward_inputs
 from stack.errors import ConfigError
-from stack.rewards import make_rewards, resolve
+from stack.rewards import RULES, make_rewards, resolve
 from stack.rewards.runner import RewardRunner
 from tests.conftest import make_cfg
 from tests.unit import reward_fns
@@ -36,17 +37,23 @@ def test_failures_and_timeouts_score_nan_and_the_run_goes_on():
         runner.close()
 
 
-def test_functions_are_called_with_keywords_and_read_any_record_column():
-    host = {"answer": ["2", "4"], "fields": ['{"solution": "2", "level": 1}', "{}"]}  # a prompt batch's host columns
-    columns = reward_columns(host)
+def test_functions_get_what_trl_hands_them_by_keyword():
+    """TRL GRPOTrainer's call: keywords, every record column (None where a record lacks it) and, of a
+    conversational prompt, its messages and the completion as an assistant message."""
+    chat = [{"role": "user", "content": "2+2="}]
+    host = {"answer": ["2", "4"], "fields": ['{"solution": "2", "level": 1}', json.dumps({"prompt": chat})]}
+    prompts, completions, columns = reward_inputs(["1+1=", "user: 2+2=\nassistant: "], ["2", "five"], host)
     assert columns == {"answer": ["2", "4"], "level": [1, None], "solution": ["2", None]}  # None: as a HF dataset
-    runner = RewardRunner([("trl", reward_fns.trl_style), ("solution", reward_fns.by_solution)], [1.0, 1.0], 10.0)
+    assert prompts == ["1+1=", chat] and completions == ["2", [{"role": "assistant", "content": "five"}]]
+    runner = RewardRunner([("trl", reward_fns.trl_style), ("solution", reward_fns.by_solution),
+                           ("accuracy", RULES["accuracy"])], [1.0] * 3, 10.0)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # neither function fails
-            out = runner(["1+1=", "2+2="], ["2", "five"], columns)
-        np.testing.assert_array_equal(out[:, 0], [-2.0, -1.0])  # -|3 - len(completion)|
+            warnings.simplefilter("error")  # no function fails
+            out = runner(prompts, completions, columns)
+        np.testing.assert_array_equal(out[:, 0], [-2.0, -1.0])  # -|3 - len(text)|, of a message's content too
         np.testing.assert_array_equal(out[:, 1], [1.0, np.nan])
+        np.testing.assert_array_equal(out[:, 2], [1.0, 0.0])  # the built-in rules read either form
     finally:
         runner.close()
 
