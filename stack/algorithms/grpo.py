@@ -20,6 +20,8 @@
   `grpo` per-sequence token mean, then the mean; `dr_grpo` token sum / (sequences ×
   max_new_tokens); `dapo` token sum / tokens of the whole minibatch (the default, as TRL);
   `bnpo` token mean of each micro-batch.
+  `mask_truncated_completions` (TRL's, from DAPO) leaves completions without EOS out of the
+  loss and its token counts (not out of the advantages).
 - Schedule: `num_iterations` (μ) passes × `steps_per_generation` minibatches per round.
 - Metrics (TRL's names): reward, reward_std, rewards/<fn>/mean, frac_reward_zero_std, kl,
   entropy, clip_ratio/{low,high,region}_mean, completions/{mean_length,clipped_ratio},
@@ -53,12 +55,14 @@ class GRPO:
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, beta: float = 0.0,
                  kl_estimator: str = "k3", epsilon: float = 0.2, epsilon_high: float | None = None,
                  loss_type: str = "dapo", scale_rewards: str = "group", num_iterations: int = 1,
-                 steps_per_generation: int = 1, reference: dict[str, Any] | None = None):
+                 steps_per_generation: int = 1, reference: dict[str, Any] | None = None,
+                 mask_truncated_completions: bool = False):
         self.name, self.group, self.temperature = name, num_generations, temperature
         self.beta, self.kl_estimator, self.loss_type, self.scale = beta, kl_estimator, loss_type, scale_rewards
         self.eps_low, self.eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
         self.schedule = Schedule(num_iterations, steps_per_generation)
         self.keep_old = num_iterations * steps_per_generation > 1  # else old = stop_gradient(current)
+        self.mask_truncated = mask_truncated_completions
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
@@ -110,6 +114,8 @@ class GRPO:
     def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
         logps, entropy = completion_logps(models.policy, batch, self.temperature)
         mask = batch["completion_mask"].astype(jnp.float32)
+        if self.mask_truncated:  # TRL mask_truncated_completions (DAPO): no loss on a completion without EOS
+            mask = jnp.where(batch["truncated"][:, None], 0.0, mask)
         old = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(logps)
         per_token, clip = clipped_surrogate(logps, old, batch["advantages"][:, None], self.eps_low, self.eps_high)
         metrics = {"entropy": masked_mean(entropy, mask),

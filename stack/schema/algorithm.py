@@ -175,6 +175,7 @@ class GRPOConfig(AlgorithmConfig):
     scale_rewards: str = "group"  # group | batch | none
     num_iterations: int = 1  # mu: passes over each generation batch
     steps_per_generation: int = 1  # optimizer steps (minibatches) per generation batch
+    mask_truncated_completions: bool = False  # TRL's (DAPO): no loss on completions without EOS
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     data_kinds: ClassVar[tuple[str, ...]] = ("prompt",)
     objective: ClassVar[str] = "eval/reward"

@@ -92,6 +92,20 @@ def test_clip_higher_and_the_kl_term():
     assert float(loss_kl) == pytest.approx((sum(SEQ[0]) + sum(SEQ[1])) / 5 + 0.5 * k3, rel=1e-5)
 
 
+@pytest.mark.parametrize("loss_type,expected", [("dapo", sum(SEQ[0]) / 2), ("grpo", sum(SEQ[0]) / 2 / 2),
+                                                ("dr_grpo", sum(SEQ[0]) / (2 * 3))])
+def test_mask_truncated_completions_leaves_the_truncated_ones_out_of_the_loss(loss_type, expected):
+    """TRL GRPOConfig.mask_truncated_completions (DAPO): completion_mask * ~is_truncated before the
+    loss; sequence 1 (all 3 tokens, no EOS) is truncated, sequence 0 ended."""
+    batch = {**BATCH, "truncated": np.array([False, True])}
+    grpo = GRPO(loss_type=loss_type, epsilon=0.2, max_new_tokens=3, mask_truncated_completions=True)
+    loss, m = loss_of(grpo, Scores(LOGP), batch)
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    assert float(m["clip_ratio/high_mean"]) == pytest.approx(1 / 2)  # of sequence 0's 2 tokens
+    assert float(loss_of(GRPO(loss_type=loss_type, max_new_tokens=3), Scores(LOGP), batch)[0]) != pytest.approx(
+        expected)  # off (the default): the truncated sequence counts
+
+
 def test_ratio_one_means_no_clipping_and_policy_equal_reference_means_no_kl():
     old = np.array(LOGP, np.float32)
     batch = {**BATCH, "old_logps": old, "ref_logps": old}
