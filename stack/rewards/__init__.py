@@ -41,9 +41,18 @@ def make_rewards(cfg: Any, allowed: tuple[str, ...]) -> Any:
 
         return ModelReward(cfg.init_from)
     options = {"format": {"pattern": cfg.format_pattern}, "length": {"max_length": cfg.max_length}}
-    functions = [(name, functools.partial(resolve(name, allowed), **options.get(name, {}))) for name in cfg.functions]
+    functions = [(metric_name(name, list(cfg.functions)), functools.partial(resolve(name, allowed),
+                                                                            **options.get(name, {})))
+                 for name in cfg.functions]
     weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(functions)
     return RewardRunner(functions, weights, cfg.timeout)
 
 
-__all__ = ["RULES", "RewardRunner", "check_name", "make_rewards", "resolve"]
+def metric_name(name: str, names: list[str]) -> str:
+    """A function's name in its metrics (`rewards/<name>/mean`): the function's own name, as TRL
+    logs it, or its whole import path when another listed function has the same name."""
+    short = name.rsplit(".", 1)[-1]
+    return short if sum(n.rsplit(".", 1)[-1] == short for n in names) == 1 else name
+
+
+__all__ = ["RULES", "RewardRunner", "check_name", "make_rewards", "metric_name", "resolve"]

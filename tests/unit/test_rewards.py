@@ -10,7 +10,7 @@ import pytest
 
 from stack.algorithms.onpolicy import reward_inputs
 from stack.errors import ConfigError
-from stack.rewards import RULES, make_rewards, resolve
+from stack.rewards import RULES, make_rewards, metric_name, resolve
 from stack.rewards.runner import RewardRunner
 from tests.conftest import make_cfg
 from tests.unit import reward_fns
@@ -68,6 +68,16 @@ def test_user_functions_need_the_allow_list():
         resolve("tests.unit.reward_fns.time.sleep", ("tests",))  # and a builtin through it
     with pytest.raises(ConfigError, match="Did you mean accuracy"):
         resolve("acuracy", ())
+
+
+def test_a_user_function_is_logged_by_its_name_unless_two_share_it():
+    """TRL logs rewards/<function name>/mean; a name two listed functions share keeps its import path."""
+    runner = make_rewards(make_cfg(["reward.functions=[tests.unit.reward_fns.constant,accuracy]"]).reward, ("tests",))
+    try:
+        assert runner.names == ["constant", "accuracy"]
+    finally:
+        runner.close()
+    assert metric_name("a.b.f", ["a.b.f", "c.f", "g"]) == "a.b.f" and metric_name("g", ["a.b.f", "c.f", "g"]) == "g"
 
 
 def test_the_reward_group_builds_weighted_named_functions():
