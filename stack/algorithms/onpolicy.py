@@ -53,16 +53,18 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
     group = local // next(iter(host.values())).shape[1]
     eos = tokenizer.eos_id
     prompts = [tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * local, -1),
-                                                                   prompt_mask.reshape(n * local, -1))]
-    completions = [tokenizer.decode(c[(m > 0) & (c != eos)].tolist())
-                   for c, m in zip(completion.reshape(n * local, -1), mask.reshape(n * local, -1))]
+                                                                   prompt_mask.reshape(n * local, -1), strict=True)]
+    completion_ids = [c[m > 0].tolist() for c, m in zip(completion.reshape(n * local, -1),
+                                                         mask.reshape(n * local, -1), strict=True)]  # EOS too, as TRL
+    completions = [tokenizer.decode([t for t in c if t != eos]) for c in completion_ids]
     host = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
-    return from_process_rows(rewards(*reward_inputs(prompts, completions, host)).reshape(n, local, -1), rows)
+    inputs = reward_inputs(prompts, completions, {**host, "completion_ids": completion_ids})
+    return from_process_rows(rewards(*inputs).reshape(n, local, -1), rows)
 
 
 def reward_inputs(prompts: list[str], completions: list[str], host: dict[str, list]) -> tuple[list, list, dict]:
     """(prompts, completions, columns) as TRL's GRPOTrainer hands them to reward functions: the
-    columns are `answer` and each record field (`fields`, JSON per completion,
+    columns are `answer`, `completion_ids` and each record field (`fields`, JSON per completion,
     stack.data.records.reward_fields; None where a record lacks one, as in a Hugging Face dataset);
     of a conversational prompt, the prompt is its messages and the completion
     `[{"role": "assistant", "content": text}]`."""

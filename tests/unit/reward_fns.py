@@ -35,6 +35,12 @@ def by_solution(prompts, completions, solution, **kwargs):
     return [None if s is None else float(s in c) for c, s in zip(completions, solution, strict=True)]
 
 
+def echo(prompts, completions, completion_ids, solution, **kwargs):
+    """Encodes what it was given: len(completion_ids) + 10 x len(completion) + 100 x (solution given)."""
+    return [len(i) + 10 * len(c) + 100 * (s is not None) + 1000 * len(p)
+            for p, c, i, s in zip(prompts, completions, completion_ids, solution, strict=True)]
+
+
 def schedule_failing_on_process_1(peak_value: float, **_):
     """An lr schedule factory (`optimizer.schedule._target_`) that raises on rank 1 of a
     multi-process run only, while rank 0 goes on into the first collective."""

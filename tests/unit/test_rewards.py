@@ -8,7 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from stack.algorithms.onpolicy import reward_inputs
+from stack.algorithms.onpolicy import reward_inputs, score_on_host
+from stack.data.tokenizers import ByteTokenizer
 from stack.errors import ConfigError
 from stack.rewards import RULES, make_rewards, metric_name, resolve
 from stack.rewards.runner import RewardRunner
@@ -68,6 +69,22 @@ def test_user_functions_need_the_allow_list():
         resolve("tests.unit.reward_fns.time.sleep", ("tests",))  # and a builtin through it
     with pytest.raises(ConfigError, match="Did you mean accuracy"):
         resolve("acuracy", ())
+
+
+def test_score_on_host_decodes_each_completion_of_each_prompt_and_passes_its_ids():
+    tok = ByteTokenizer()
+    prompt, a, b = tok.encode("1+1="), tok.encode("2"), tok.encode("11")
+    completion = np.array([[a + [tok.eos_id, 0, 0, 0], b + [0, 0, 0]]], np.int32)  # G = 2 of one prompt; row 1 clipped
+    xp = {"prompt_ids": np.array([[prompt, prompt]], np.int32), "prompt_mask": np.ones((1, 2, 4), np.int32),
+          "completion": completion, "completion_mask": (np.arange(5) < np.array([[2, 2]])[..., None]).astype(np.int32)}
+    host = {"answer": np.array([["2"]]), "fields": np.array([['{"solution": "2"}']])}
+    runner = RewardRunner([("echo", reward_fns.echo)], [1.0], 10.0)
+    try:
+        out = score_on_host(tok, runner, xp, host, None)
+    finally:
+        runner.close()
+    # ids: [2, EOS] and [1, 1] (EOS kept in the ids, as TRL); text "2" and "11"; the record's solution
+    np.testing.assert_array_equal(out[..., 0], [[2 + 10 * 1 + 100 + 4000, 2 + 10 * 2 + 100 + 4000]])
 
 
 def test_a_user_function_is_logged_by_its_name_unless_two_share_it():
