@@ -54,9 +54,9 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
     eos = tokenizer.eos_id
     prompts = [tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * local, -1),
                                                                    prompt_mask.reshape(n * local, -1), strict=True)]
-    completion_ids = [c[m > 0].tolist() for c, m in zip(completion.reshape(n * local, -1),
-                                                         mask.reshape(n * local, -1), strict=True)]  # EOS too, as TRL
-    completions = [tokenizer.decode([t for t in c if t != eos]) for c in completion_ids]
+    completion_rows = list(zip(completion.reshape(n * local, -1), mask.reshape(n * local, -1), strict=True))
+    completion_ids = [c[m > 0].tolist() for c, m in completion_rows]  # EOS included, as TRL
+    completions = [tokenizer.decode(c[(m > 0) & (c != eos)].tolist()) for c, m in completion_rows]
     host = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
     inputs = reward_inputs(prompts, completions, {**host, "completion_ids": completion_ids})
     return from_process_rows(rewards(*inputs).reshape(n, local, -1), rows)
