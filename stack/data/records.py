@@ -146,6 +146,9 @@ def reward_fields(record: dict[str, Any]) -> str:
     """A prompt record's fields other than `answer` (and a string `prompt`), as JSON: the reward
     functions' keyword arguments (TRL's GRPOTrainer passes every dataset column but the prompt),
     and a conversational prompt's messages, which TRL passes as the prompt."""
-    fields = {k: record[k] for k in _keys(record)
-              if k != "answer" and (k != "prompt" or isinstance(record[k], list))}
-    return json.dumps(fields, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))
+    fields = {k: v for k, v in record.items()
+              if k not in ("answer", "_where") and (k != "prompt" or isinstance(v, list))}
+    return FIELDS_JSON.encode(fields) if fields else "{}"
+
+
+FIELDS_JSON = json.JSONEncoder(default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))  # numpy values too
