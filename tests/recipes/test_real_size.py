@@ -9,12 +9,10 @@ import os
 import pytest
 
 from stack.gpu_target import plugin_installed
-from stack.recipe_compile import compare_compile, compiled_run, is_real_size
-from stack.recipes import recipe_config
-from stack.schema import recipe_files
-from tests.conftest import REPO
+from stack.recipe_compile import compare_compile, compiled_run
+from tests.conftest import REPO, recipe_platforms
 
-PLATFORMS = {n: cfg.hardware.platform for n in sorted(recipe_files()) if is_real_size(cfg := recipe_config(n))}
+PLATFORMS = {n: p for n, p in recipe_platforms().items() if p != "cpu"}  # real size (is_real_size)
 EXTRA = {"tpu": pytest.mark.tpu_extra, "gpu": pytest.mark.gpu_extra}  # the venv that compiles for it
 REAL_SIZE = [pytest.param(n, marks=EXTRA[p]) for n, p in PLATFORMS.items()]
 

@@ -9,12 +9,11 @@ import os
 
 import pytest
 
-from stack.recipe_compile import is_real_size
-from stack.recipes import compare, recipe_config, shrunk_run
+from stack.recipes import compare, shrunk_run
 from stack.schema import recipe_files
-from tests.conftest import REPO, make_cfg
+from tests.conftest import REPO, make_cfg, recipe_platforms
 
-SMALL = sorted(n for n in recipe_files() if not is_real_size(recipe_config(n)))  # real size: test_real_size.py
+SMALL = [n for n, p in recipe_platforms().items() if p == "cpu"]  # real size (is_real_size): test_real_size.py
 
 
 @pytest.mark.parametrize("recipe", SMALL)
