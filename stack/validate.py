@@ -210,6 +210,9 @@ def _check_data(d: DictConfig) -> None:
             f"'data.packing'=true works for data.kind text and sft, not {d.kind!r} "
             "(preference pairs and prompts are padded)."
         )
+    if d.train_on_input and d.kind in ("preference", "prompt"):
+        raise ConfigError(f"'data.train_on_input'=true (loss on the prompt too) applies to data.kind=sft, not "
+                          f"{d.kind!r}: a pair or a prompt learns its completions only (set it to false).")
     _check_completion_len(d)
     if not 0.0 <= d.max_bad_fraction < 1.0:
         raise ConfigError(f"'data.max_bad_fraction'={d.max_bad_fraction} must be in [0, 1).")

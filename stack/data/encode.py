@@ -3,9 +3,10 @@
 Rows hold `seq_len + 1` tokens: BOS, the record's pieces, EOS (a conversation rendered by the
 tokenizer's own chat template holds its specials itself: nothing is added, and a tokenizer with
 offsets encodes the whole text at once, as transformers does); `inputs` and `targets` are the
-two shifted views. `loss_mask` is 1 where the target carries loss; `segment_ids` is 1 on
-real inputs and 0 on padding; `positions` count from 0. With `pack=True` text/sft rows are
-left unpadded for Grain's first-fit packer, which sets per-segment ids and positions.
+two shifted views. `loss_mask` is 1 where the target carries loss (sft: the completion, or
+every token with `train_on_input=True`); `segment_ids` is 1 on real inputs and 0 on
+padding; `positions` count from 0. With `pack=True` text/sft rows are left unpadded for
+Grain's first-fit packer, which sets per-segment ids and positions.
 
 Truncation (`data.truncation`) applies to a sequence longer than `seq_len + 1` tokens:
 `keep_start` drops tokens from the end (the EOS and the completion's tail), `keep_end` drops
@@ -45,7 +46,7 @@ class Encoder:
     def __init__(self, kind: str, tokenizer: Tokenizer, chat_template: Any, seq_len: int,
                  truncation: str, pack: bool = False, skip_bad: bool = False,
                  max_bad_fraction: float = 0.0, n_records: int = 1000, max_completion_len: int | None = None,
-                 share_prompt: bool = False):
+                 share_prompt: bool = False, train_on_input: bool = False):
         self.kind, self.tok = kind, tokenizer
         # a built-in template's name, or a template object (stack.data.chat.make_template)
         self.template = TEMPLATES[chat_template] if isinstance(chat_template, str) else chat_template
@@ -53,6 +54,7 @@ class Encoder:
         self.skip_bad, self.max_bad_fraction, self.window = skip_bad, max_bad_fraction, min(1000, n_records)
         self.seen = self.bad = self.cuts = 0
         self.max_completion, self.share_prompt = max_completion_len, share_prompt
+        self.train_on_input = train_on_input
 
     def __call__(self, record: dict[str, Any]) -> Row | None:
         self.seen += 1
@@ -85,6 +87,8 @@ class Encoder:
             return self._prompt_row(pieces, answer, records.reward_fields(record), where, wrap)
         pieces = (records.text_pieces(record, where) if self.kind == "text"
                   else records.sft_pieces(record, where, self.template))
+        if self.train_on_input:  # torchtune's train_on_input; TRL SFTTrainer with completion_only_loss off
+            pieces = [(text, True) for text, _ in pieces]
         return self._row(*self._tokens(pieces, where, wrap=wrap), pad=not self.pack)
 
     def _tokens(self, pieces: records.Pieces, where: str, eos: bool = True, wrap: bool = True,

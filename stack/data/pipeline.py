@@ -112,7 +112,7 @@ class Batches:
         template = make_template(cfg.chat_template, cfg.tokenizer)
         self._encoder = Encoder(cfg.kind, tokenizer, template, cfg.seq_len, cfg.truncation,
                                 pack, cfg.skip_bad_records, cfg.max_bad_fraction, len(source),
-                                cfg.max_completion_len, cfg.share_prompt)
+                                cfg.max_completion_len, cfg.share_prompt, cfg.train_on_input)
         ds = grain.MapDataset.source(self._source)
         if columns:
             ds = ds.map_with_index(_pair)  # the source index, before the shuffle

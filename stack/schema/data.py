@@ -24,6 +24,9 @@ class DataConfig:
     max_completion_len: Any = None
     # preference (DPO), with max_completion_len: one row per pair, the prompt once (stack/data/shared_prompt.py)
     share_prompt: bool = False
+    # sft: false: loss on the completion / assistant turns only (TRL completion_only_loss / assistant_only_loss);
+    # true: on every token of the record too (torchtune's name; TRL's default for a `messages` record)
+    train_on_input: bool = False
     packing: bool = False  # first-fit packing of text/sft examples, with segment ids
     shuffle: bool = True
     skip_bad_records: bool = False  # drop records that do not fit, with a counted warning

@@ -113,6 +113,18 @@ def test_packing_keeps_every_example_and_isolates_segments(tmp_path):
     assert (packed["segment_ids"] > 0).mean() > 2 * (plain["segment_ids"] > 0).mean()
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_train_on_input_puts_loss_on_every_real_target(tmp_path, packing):
+    """data.train_on_input=true (TRL SFTTrainer's default on conversations): every target of every
+    example carries loss, padding none; off (the default), the completions' only."""
+    path = write_jsonl(tmp_path / "d.jsonl", problems(20))
+    every, only = (next(iter(Batches(data_cfg(path, f"data.packing={packing}", "data.shuffle=false",
+                                              f"data.train_on_input={flag}"), TOK, "train", 0, 4)))
+                   for flag in ("true", "false"))
+    assert (every["loss_mask"] == (every["segment_ids"] > 0)).all()
+    assert 0 < only["loss_mask"].sum() < (only["segment_ids"] > 0).sum() / 2
+
+
 def test_packed_loss_equals_unpacked_loss(tmp_path):
     """The model does not attend across segments: packed rows give each example's own loss."""
     import jax

@@ -105,6 +105,9 @@ def test_data_config_mistakes_fail_before_compute():
     assert "'data.packing'=true works for data.kind text and sft, not 'preference'" in error_of(
         ["algorithm=dpo", "data=jsonl_prefs", "data.packing=true"])
     assert "'data.max_bad_fraction'=1.5 must be in [0, 1)" in error_of(["data.max_bad_fraction=1.5"])
+    assert "'data.train_on_input'=true (loss on the prompt too) applies to data.kind=sft, not 'preference'" in \
+        error_of(["algorithm=dpo", "data=jsonl_prefs", "data.train_on_input=true"])
+    preflight(["data=jsonl_sft", "data.train_on_input=true"])
     assert "'data.eval_fraction'=0.0 must be in (0, 1): every run evaluates (the eval curves and a sweep's " \
         "objective); to train on every record of data.path, give the held-out records as data.eval_path." in error_of(
             ["data=jsonl_sft", "data.path=a.jsonl", "data.eval_fraction=0"])

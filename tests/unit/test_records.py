@@ -36,6 +36,22 @@ def test_text_kind_learns_every_token():
     assert row["segment_ids"].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
 
 
+def test_sft_learns_the_completion_only_unless_train_on_input():
+    """TRL SFTTrainer: completion_only_loss (prompt-completion) / assistant_only_loss (messages) on
+    learns the completion and its EOS; off (torchtune's train_on_input), labels are the input ids:
+    every target but padding."""
+    prompt = {"prompt": "2+2=", "completion": "4"}  # BOS 2 + 2 = 4 EOS: 6 tokens, 5 targets
+    chat = {"messages": CHAT}  # "system: S\nuser: hi\nassistant: yo" (the simple template): 30 characters
+    for record, completion in ((prompt, "4"), (chat, "yo")):
+        only, every = (Encoder("sft", TOK, "simple", 40, "keep_start", train_on_input=flag)(record)
+                       for flag in (False, True))
+        assert only["inputs"].tolist() == every["inputs"].tolist()
+        real = int(every["segment_ids"].sum())
+        assert every["loss_mask"].tolist() == [1] * real + [0] * (40 - real)  # targets after BOS, EOS included
+        assert only["loss_mask"].sum() == len(completion) + 1 and only["loss_mask"][real - 1] == 1
+    assert real == len("system: S\nuser: hi\nassistant: yo") + 1
+
+
 def test_a_text_record_read_as_sft_points_to_the_text_kind():
     with pytest.raises(DataError, match=r"t\.jsonl:3: an sft record needs .* keys: \['text'\]\. .* data\.kind=text"):
         Encoder("sft", TOK, "simple", 8, "keep_start")({"text": "abc", "_where": "t.jsonl:3"})
