@@ -16,7 +16,11 @@
   skipping NaN (TRL's nansum); a completion no function scored is left out.
 - Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none.
 - Loss per token: −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) + β·KL(π‖π_ref) (k3 by default, in the
-  loss); β = 0 (the default) builds no reference at all. `loss_type`:
+  loss); β = 0 (the default) builds no reference at all. `importance_sampling_level=sequence`
+  (TRL's, GSPO): one ρ per completion, exp of its tokens' mean log-ratio; `delta` caps the
+  unclipped ρ (TRL's two-sided clipping, INTELLECT-2); `top_entropy_quantile` q < 1 keeps the
+  surrogate on the tokens whose entropy is at or above the (1 − q) quantile of the micro-batch's
+  (TRL's, "Beyond the 80/20 rule"; the KL term and the token counts stay). `loss_type`:
   `grpo` per-sequence token mean, then the mean; `dr_grpo` token sum / (sequences ×
   max_new_tokens); `dapo` token sum / tokens of the whole minibatch (the default, as TRL);
   `bnpo` token mean of each micro-batch.
@@ -40,7 +44,7 @@ from flax import nnx
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
 from stack.algorithms.onpolicy import completion_logps, mismatch, rule_rewards, score_on_host
 from stack.algorithms.reference import Reference
-from stack.algorithms.rlmath import clipped_surrogate, group_advantages, kl_estimate, masked_mean
+from stack.algorithms.rlmath import clipped_surrogate, group_advantages, high_entropy, kl_estimate, masked_mean
 from stack.rollout import Sampling, generate, sample_keys
 from stack.schema.algorithm import GRPOConfig
 
@@ -56,13 +60,16 @@ class GRPO:
                  kl_estimator: str = "k3", epsilon: float = 0.2, epsilon_high: float | None = None,
                  loss_type: str = "dapo", scale_rewards: str = "group", num_iterations: int = 1,
                  steps_per_generation: int = 1, reference: dict[str, Any] | None = None,
-                 mask_truncated_completions: bool = False):
+                 mask_truncated_completions: bool = False, importance_sampling_level: str | None = None,
+                 delta: float | None = None, top_entropy_quantile: float | None = None):
         self.name, self.group, self.temperature = name, num_generations, temperature
         self.beta, self.kl_estimator, self.loss_type, self.scale = beta, kl_estimator, loss_type, scale_rewards
         self.eps_low, self.eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
         self.schedule = Schedule(num_iterations, steps_per_generation)
         self.keep_old = num_iterations * steps_per_generation > 1  # else old = stop_gradient(current)
         self.mask_truncated = mask_truncated_completions
+        self.sequence_level, self.delta = importance_sampling_level == "sequence", delta
+        self.top_entropy = None if top_entropy_quantile is None or top_entropy_quantile >= 1 else top_entropy_quantile
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
@@ -117,7 +124,13 @@ class GRPO:
         if self.mask_truncated:  # TRL mask_truncated_completions (DAPO): no loss on a completion without EOS
             mask = jnp.where(batch["truncated"][:, None], 0.0, mask)
         old = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(logps)
-        per_token, clip = clipped_surrogate(logps, old, batch["advantages"][:, None], self.eps_low, self.eps_high)
+        log_ratio = logps - old
+        if self.sequence_level:  # TRL importance_sampling_level=sequence (GSPO): [rows, 1]
+            log_ratio = (log_ratio * mask).sum(-1, keepdims=True) / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+        per_token, clip = clipped_surrogate(log_ratio, batch["advantages"][:, None], self.eps_low, self.eps_high,
+                                            self.delta)
+        if self.top_entropy is not None:
+            per_token = per_token * high_entropy(jax.lax.stop_gradient(entropy), mask, 1 - self.top_entropy)
         metrics = {"entropy": masked_mean(entropy, mask),
                    **{f"clip_ratio/{k}_mean": masked_mean(clip[k].astype(jnp.float32), mask)
                       for k in ("low", "high", "region")}}

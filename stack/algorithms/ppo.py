@@ -181,7 +181,7 @@ class PPO:
         logps, entropy, features = completion_logps(models.policy, batch, self.temperature, features=True)
         vpred = self.values(models, batch, None if models.value.trunk is not None else features)
         mask = batch["completion_mask"].astype(jnp.float32)
-        pg, clip = clipped_surrogate(logps, batch["old_logps"], batch["advantages"], self.cliprange, self.cliprange)
+        pg, clip = clipped_surrogate(logps - batch["old_logps"], batch["advantages"], self.cliprange, self.cliprange)
         vf, vclip = clipped_value_loss(vpred, batch["old_values"], batch["returns"], self.cliprange_value)
         tokens = mask.sum()
         num = jnp.stack([(pg * mask).sum(), self.vf_coef * (vf * mask).sum()])

@@ -61,16 +61,26 @@ def group_advantages(rewards: Array, group: int, scale: str = "group", eps: floa
     return adv.reshape(rewards.shape), std[..., 0]
 
 
-def clipped_surrogate(logp: Array, old_logp: Array, advantages: Array, eps_low: float,
-                      eps_high: float) -> tuple[Array, dict[str, Array]]:
-    """Per-token −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A), ρ = exp(log π − log π_old), and the
-    clipping indicators of TRL (`low`: ρ < 1−ε with A < 0; `high`: ρ > 1+ε_high with A > 0)."""
-    ratio = jnp.exp(logp - old_logp)
+def clipped_surrogate(log_ratio: Array, advantages: Array, eps_low: float, eps_high: float,
+                      delta: float | None = None) -> tuple[Array, dict[str, Array]]:
+    """Per-token −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A), ρ = exp(log_ratio) (log π − log π_old),
+    and the clipping indicators of TRL (`low`: ρ < 1−ε with A < 0; `high`: ρ > 1+ε_high with
+    A > 0). `delta` caps the unclipped ρ (TRL GRPOConfig.delta: two-sided clipping, INTELLECT-2)."""
+    ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1 - eps_low, 1 + eps_high)
+    if delta is not None:
+        ratio = jnp.minimum(ratio, delta)
     loss = -jnp.minimum(ratio * advantages, clipped * advantages)
     low = (ratio < 1 - eps_low) & (advantages < 0)
     high = (ratio > 1 + eps_high) & (advantages > 0)
     return loss, {"low": low, "high": high, "region": low | high, "ratio": ratio}
+
+
+def high_entropy(entropy: Array, mask: Array, q: float) -> Array:
+    """1.0 where a masked-in token's entropy is at or above the `q` quantile (linear, as
+    torch.quantile) of the masked-in entropies, else 0 (TRL GRPOTrainer.get_high_entropy_mask)."""
+    threshold = jnp.nanquantile(jnp.where(mask > 0, entropy, jnp.nan), q)
+    return ((entropy >= threshold) & (mask > 0)).astype(entropy.dtype)
 
 
 def masked_var(x: Array, mask: Array, unbiased: bool = True) -> Array:

@@ -176,6 +176,10 @@ class GRPOConfig(AlgorithmConfig):
     num_iterations: int = 1  # mu: passes over each generation batch
     steps_per_generation: int = 1  # optimizer steps (minibatches) per generation batch
     mask_truncated_completions: bool = False  # TRL's (DAPO): no loss on completions without EOS
+    # TRL's: null or token: a ratio per token; sequence: one per completion (GSPO), its tokens' mean log-ratio
+    importance_sampling_level: Optional[str] = None
+    delta: Optional[float] = None  # TRL's two-sided clipping: the unclipped ratio capped at delta (> 1 + epsilon_high)
+    top_entropy_quantile: Optional[float] = None  # TRL's: in (0, 1]; the loss on the top q of tokens by entropy; null: 1
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     data_kinds: ClassVar[tuple[str, ...]] = ("prompt",)
     objective: ClassVar[str] = "eval/reward"
@@ -187,6 +191,9 @@ class GRPOConfig(AlgorithmConfig):
                              ("kl_estimator", ("k1", "k2", "k3"))):
             if node[key] not in allowed:
                 raise bad_choice(f"algorithm.{key}", node[key], allowed)
+        if node.importance_sampling_level not in (None, "token", "sequence"):
+            raise bad_choice("algorithm.importance_sampling_level", node.importance_sampling_level,
+                             ("token", "sequence"))
         for key in ("num_generations", "max_new_tokens", "num_iterations", "steps_per_generation"):
             if node[key] < (2 if key == "num_generations" else 1):
                 raise ConfigError(f"'algorithm.{key}'={node[key]} must be >= {2 if key == 'num_generations' else 1}"
@@ -202,6 +209,12 @@ class GRPOConfig(AlgorithmConfig):
                               f"{node.epsilon_high} null or >= epsilon.")
         if node.beta < 0:
             raise ConfigError(f"'algorithm.beta'={node.beta} must be >= 0.")
+        if node.top_entropy_quantile is not None and not 0 < node.top_entropy_quantile <= 1:
+            raise ConfigError(f"'algorithm.top_entropy_quantile'={node.top_entropy_quantile}: null or in (0, 1], the "
+                              "fraction of tokens (highest entropy first) the loss keeps; 1 or null: every token.")
+        if node.delta is not None and not node.delta > 1:
+            raise ConfigError(f"'algorithm.delta'={node.delta} caps the importance ratio: null (off) or > 1 "
+                              "(TRL recommends > 1 + epsilon_high).")
         if cfg.reward.init_from is not None:
             raise ConfigError(f"'reward.init_from'={cfg.reward.init_from!r}: GRPO here scores with rule functions "
                               "(reward=rules); a reward model scores PPO's completions (algorithm=ppo).")

@@ -146,6 +146,16 @@ def test_grpo_sampling_filters_out_of_range_are_refused(argv):
     assert "top_k must be >= 0 (0: off) and top_p in (0, 1]" in msg and argv[0].split("=")[1] in msg, msg
 
 
+@pytest.mark.parametrize("argv,words", [
+    (["algorithm.importance_sampling_level=sequense"], ["'algorithm.importance_sampling_level'", "Did you mean sequence?"]),
+    (["algorithm.delta=0.9"], ["'algorithm.delta'=0.9 caps the importance ratio: null (off) or > 1"]),
+    (["algorithm.top_entropy_quantile=0"], ["'algorithm.top_entropy_quantile'=0.0: null or in (0, 1]"]),
+])
+def test_grpo_loss_options_out_of_range_are_refused(argv, words):
+    msg = error_of(["algorithm=grpo", "data=jsonl_prompts", *argv])
+    assert all(w in msg for w in words), msg
+
+
 def test_the_algorithm_says_which_data_it_reads():
     msg = error_of(["data=jsonl_prefs"])
     assert "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text records" in msg

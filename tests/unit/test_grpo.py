@@ -106,6 +106,41 @@ def test_mask_truncated_completions_leaves_the_truncated_ones_out_of_the_loss(lo
         expected)  # off (the default): the truncated sequence counts
 
 
+@pytest.mark.parametrize("epsilon,loss_type,expected,high", [
+    (0.2, "dapo", (-2 * math.exp(0.1) + 3 * 2) / 5, 0.0),  # mean log-ratios: seq 0 (0 + 0.2) / 2, seq 1 0
+    (0.2, "grpo", (-math.exp(0.1) + 2) / 2, 0.0),
+    (0.05, "dapo", (-2 * 1.05 + 3 * 2) / 5, 2 / 5),  # e^0.1 > 1.05 with A > 0: clipped, both of its tokens
+])
+def test_sequence_level_importance_sampling_by_hand(epsilon, loss_type, expected, high):
+    """TRL importance_sampling_level=sequence (GSPO): one ratio per completion, exp of the mean of
+    its masked tokens' log π − log π_old, clipped and weighted as a token's ratio is."""
+    grpo = GRPO(loss_type=loss_type, epsilon=epsilon, max_new_tokens=3, importance_sampling_level="sequence")
+    loss, m = loss_of(grpo, Scores(LOGP), BATCH)
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    assert float(m["clip_ratio/high_mean"]) == pytest.approx(high) and float(m["clip_ratio/low_mean"]) == 0.0
+
+
+def test_delta_caps_the_unclipped_ratio():
+    """TRL GRPOConfig.delta (two-sided clipping): seq 1 token 0 has r = e^0.3 with A = -2, whose
+    unclipped term -2 e^0.3 won the min; capped at 1.25 it becomes -2.5 (loss 2.5). Seq 0 token 1
+    (r = e^0.2 < 1.25, A > 0) keeps its clip at 1.2."""
+    loss, _ = loss_of(GRPO(epsilon=0.2, max_new_tokens=3, delta=1.25), Scores(LOGP), BATCH)
+    assert float(loss) == pytest.approx((sum(SEQ[0]) + 2.5 + 2.0 + 1.6) / 5, rel=1e-6)
+
+
+def test_top_entropy_quantile_keeps_the_loss_of_the_high_entropy_tokens():
+    """TRL top_entropy_quantile=0.5: the threshold is the median (linear quantile) of the 5 real
+    tokens' entropies 0.1, 0.5, 0.3, 0.2, 0.4 = 0.3; tokens >= 0.3 keep their surrogate, the
+    normaliser stays every real token (dapo: 5); the padded token's 9.0 plays no part."""
+    entropy = [[0.1, 0.5, 9.0], [0.3, 0.2, 0.4]]
+    grpo = GRPO(epsilon=0.2, max_new_tokens=3, top_entropy_quantile=0.5)
+    loss, m = loss_of(grpo, Scores(LOGP, entropy), BATCH)
+    assert float(loss) == pytest.approx((SEQ[0][1] + SEQ[1][0] + SEQ[1][2]) / 5, rel=1e-6)
+    assert float(m["entropy"]) == pytest.approx(1.5 / 5)  # the metric is of every real token
+    full = float(loss_of(GRPO(epsilon=0.2, max_new_tokens=3, top_entropy_quantile=1.0), Scores(LOGP, entropy), BATCH)[0])
+    assert full == pytest.approx((sum(SEQ[0]) + sum(SEQ[1])) / 5, rel=1e-6)
+
+
 def test_ratio_one_means_no_clipping_and_policy_equal_reference_means_no_kl():
     old = np.array(LOGP, np.float32)
     batch = {**BATCH, "old_logps": old, "ref_logps": old}
