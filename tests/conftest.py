@@ -35,7 +35,11 @@ def recipe_platforms() -> dict[str, str]:
     platforms = {}
     for name in sorted(recipe_files()):
         path = os.path.join(REPO, "recipes", "expected", f"{name}.json")
-        platforms[name] = json.load(open(path))["config"]["hardware.platform"] if os.path.exists(path) else "cpu"
+        if not os.path.exists(path):
+            platforms[name] = "cpu"
+            continue
+        with open(path) as f:
+            platforms[name] = json.load(f)["config"]["hardware.platform"]
     return platforms
 
 
