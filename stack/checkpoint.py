@@ -91,11 +91,23 @@ def math_config(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-def config_diff(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
-    """`key: saved -> now` for every leaf that differs."""
+ABSENT = "<absent>"  # a key one side of config_diff lacks
+
+
+def config_diff(saved: Any, now: Any, prefix: str = "") -> list[str]:
+    """`key: saved -> now` for every leaf that differs. A key only one side has counts as unchanged
+    while it is null or false there: an option added to (or dropped from) stack since the save,
+    off, computes what the run computed (recipes.config_changes's rule), so an upgrade of stack
+    does not strand a run (before, every new key refused the resume of older checkpoints)."""
     if isinstance(saved, dict) and isinstance(now, dict):
         return [line for k in sorted(set(saved) | set(now))
-                for line in config_diff(saved.get(k), now.get(k), f"{prefix}{k}.")]
+                for line in config_diff(saved.get(k, ABSENT), now.get(k, ABSENT), f"{prefix}{k}.")]
+    if saved is ABSENT or now is ABSENT:
+        there = now if saved is ABSENT else saved
+        if isinstance(there, dict):  # a group added or dropped: its keys one by one
+            return config_diff({} if saved is ABSENT else saved, {} if now is ABSENT else now, prefix)
+        if there is None or there is False:
+            return []
     return [] if saved == now else [f"{prefix.rstrip('.')}: {saved!r} -> {now!r}"]
 
 

@@ -18,6 +18,21 @@ def test_threads_prefetch_steps_and_remat_may_change_but_not_workers():
     assert config_diff(saved, math_config(make_cfg(["data=jsonl_sft", "data.workers=2"]))) == ["data.workers: 0 -> 2"]
 
 
+def test_a_checkpoint_from_before_an_option_existed_resumes_while_the_option_is_off():
+    """Its saved config lacks the key: null or false now (the option off, the old math) is no
+    change; set, or a new key whose default is on, is. Before, every key added to stack refused
+    the resume of older checkpoints (`data.train_on_input: None -> False`)."""
+    saved = math_config(make_cfg(["data=jsonl_sft"]))
+    del saved["data"]["train_on_input"], saved["algorithm"]["loss_reduction"]
+    saved["quantization_v0"] = {"rank": None}  # a group dropped since, off
+    assert config_diff(saved, math_config(make_cfg(["data=jsonl_sft"]))) == ["algorithm.loss_reduction: '<absent>' -> 'mean'"]
+    on = math_config(make_cfg(["data=jsonl_sft", "data.train_on_input=true"]))
+    assert "data.train_on_input: '<absent>' -> True" in config_diff(saved, on)
+    assert config_diff({"a": 1}, {"a": 1, "new": {"x": None, "y": False}}) == []
+    assert config_diff({"a": 1}, {"a": 1, "new": {"x": 0.5}}) == ["new.x: '<absent>' -> 0.5"]
+    assert config_diff({"a": 1, "gone": 3}, {"a": 1}) == ["gone: 3 -> '<absent>'"]
+
+
 def test_the_worker_count_changes_which_records_form_a_batch():
     """Why data.workers is fixed: Grain batches inside each worker's slice of the records."""
     def first_batches(*overrides):
