@@ -144,11 +144,11 @@ def compare(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
 
 def config_changes(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
     """The resolved-config keys that differ from the expectation's snapshot, one line each; a key
-    added since the recording counts as unchanged while it is null or false (a new option, off)."""
-    was, now = expected["config"], got["config"]
-    changed = [f"  {k}: {was.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r}"
-               for k in sorted(set(was) | set(now))
-               if was.get(k) != now.get(k) and not (k not in was and now[k] in (None, False))]
+    added since the recording counts as unchanged while it is null or false (a new option, off:
+    the rule a resume applies, stack.checkpoint.config_diff)."""
+    from stack.checkpoint import config_diff
+
+    changed = [f"  {line}" for line in config_diff(expected["config"], got["config"])]
     return ["the resolved config changed (re-record if intended):", *changed] if changed else []
 
 
