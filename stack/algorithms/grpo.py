@@ -13,7 +13,9 @@
   sampled, so that forward is skipped and old = stop_gradient(current), as TRL does when
   gradient accumulation covers the generation batch (`old_per_token_logps` None).
 - Rewards: the `reward` group's functions on the host, summed with `reward.weights`
-  skipping NaN (TRL's nansum); a completion no function scored is left out.
+  skipping NaN (TRL's nansum); a completion no function scored is left out. Or, with
+  `reward=model`, a trained reward model's score (TRL: a sequence-classification model as the
+  reward function; here on device in collect, with the policy's tokenizer, as PPO's).
 - Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none.
 - Loss per token: −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) + β·KL(π‖π_ref) (k3 by default, in the
   loss); β = 0 (the default) builds no reference at all. `importance_sampling_level=sequence`
@@ -42,7 +44,8 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.onpolicy import completion_logps, mismatch, rule_rewards, score_on_host
+from stack.algorithms.onpolicy import (completion_logps, mismatch, reward_model, score_on_host, scored_rewards,
+                                      with_model_scores)
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import clipped_surrogate, group_advantages, high_entropy, kl_estimate, masked_mean
 from stack.rollout import Sampling, generate, sample_keys
@@ -73,12 +76,16 @@ class GRPO:
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
+        self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
-        """The tokenizer and reward functions for scoring; the reference only when beta > 0."""
+        """The tokenizer and reward functions for scoring (or the reward model); the reference only when beta > 0."""
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
         self.sampling = replace(self.sampling, eos_ids=(ctx.tokenizer.eos_id,), pad_id=ctx.tokenizer.pad_id)
-        return Setup(frozen=self.reference.setup(policy, ctx) if self.beta else {})
+        frozen = {**(self.reference.setup(policy, ctx) if self.beta else {}), **reward_model(policy, ctx)}
+        if "reward_model" in frozen:
+            self.score = self.scores_spec = None
+        return Setup(frozen=frozen)
 
     def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
                 train: bool) -> Batch:
@@ -97,21 +104,21 @@ class GRPO:
                 xp["old_logps"] = completion_logps(models.policy, xp, self.temperature)[0]
             if train and self.beta:
                 xp["ref_logps"] = completion_logps(self.reference.model(models, frozen), xp, self.temperature)[0]
-            return xp
+            return with_model_scores(frozen, xp)
 
         return map_micro(one, rows)
 
-    def score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
+    def _score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rewards of the decoded completions (NaN: no reward)."""
         return score_on_host(self.tokenizer, self.rewards, xp, host, self.rows)
 
-    def scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
+    def _scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
         """The shape of `score`'s result for experience of `xp`'s shapes."""
         return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(self.rewards.names)), jnp.float32)
 
-    def finalize(self, xp: Batch, scores: jax.Array, state: Any) -> tuple[Batch, Any, Metrics]:
-        """Group-relative advantages and the round's reward metrics."""
-        reward, metrics = rule_rewards(self.rewards, xp, scores)
+    def finalize(self, xp: Batch, scores: jax.Array | None, state: Any) -> tuple[Batch, Any, Metrics]:
+        """Group-relative advantages and the round's reward metrics (`scores` None: the reward model's)."""
+        reward, metrics = scored_rewards(self.rewards, xp, scores)
         advantages, std = group_advantages(reward, self.group, self.scale)
         metrics.update({"reward_std": std.mean(), "frac_reward_zero_std": jnp.isclose(std, 0.0).mean()})
         if "old_logps" in xp:
@@ -152,8 +159,8 @@ class GRPO:
             return losses.sum() / jnp.maximum(mask.sum(), 1.0), jnp.float32(1.0)
         return losses.sum(), mask.sum()  # dapo
 
-    def evaluate(self, models: nnx.Module, xp: Batch, scores: jax.Array, frozen: Any, state: Any) -> Metrics:
-        return rule_rewards(self.rewards, xp, scores)[1]
+    def evaluate(self, models: nnx.Module, xp: Batch, scores: jax.Array | None, frozen: Any, state: Any) -> Metrics:
+        return scored_rewards(self.rewards, xp, scores)[1]
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         if "completion" in batch:

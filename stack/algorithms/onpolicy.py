@@ -1,5 +1,6 @@
 """What the on-policy algorithms (GRPO, PPO) share: the training forward over sampled
-completions, the host scoring of decoded completions, and the reward metrics."""
+completions, their scoring (rule functions on the host or a reward model on device), and the
+reward metrics."""
 
 import json
 from typing import Any
@@ -9,8 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stack.algorithms.base import Batch, Metrics
+from stack.algorithms.base import Batch, Context, Metrics
+from stack.models.modules import is_abstract
 from stack.parallel import from_process_rows, process_rows
+from stack.rewards.model import ModelReward
 
 
 def sequences(xp: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -35,6 +38,27 @@ def completion_features(model: nnx.Module, xp: Batch) -> jax.Array:
     seq, segments, positions = sequences(xp)
     n = xp["completion"].shape[-1]
     return model(seq[:, :-1], positions[:, :-1], segments[:, :-1], features=True)[:, -n:]
+
+
+def reward_model(policy: nnx.Module, ctx: Context) -> dict[str, nnx.Module]:
+    """The frozen reward model under "reward_model" with `reward=model` (shape-only for mode=compile),
+    else nothing: its scores are taken on device in collect (`with_model_scores`)."""
+    if not isinstance(ctx.rewards, ModelReward):
+        return {}
+    return {"reward_model": ctx.rewards.load(abstract=is_abstract(policy), policy_cfg=ctx.model)}
+
+
+def model_scores(scorer: nnx.Module, xp: Batch) -> jax.Array:
+    """A reward model's score [R] of each prompt + completion, read at the completion's last real token."""
+    tokens, _, positions = sequences(xp)
+    return scorer(tokens, jnp.concatenate([xp["prompt_mask"], xp["completion_mask"]], -1), positions)
+
+
+def with_model_scores(frozen: Any, xp: Batch) -> Batch:
+    """`xp` with the reward model's scores (`rm_scores`) when the frozen modules hold one."""
+    if frozen is None or not hasattr(frozen, "reward_model"):
+        return xp
+    return {**xp, "rm_scores": model_scores(frozen.reward_model, xp)}
 
 
 def mismatch(xp: Batch, logps: jax.Array) -> jax.Array:
@@ -88,6 +112,16 @@ def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array,
     for i, name in enumerate(rewards.names):
         metrics[f"rewards/{name}/mean"] = jnp.nanmean(scores[..., i])
     return reward, metrics
+
+
+def scored_rewards(rewards: Any, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
+    """The reward per completion and its metrics: the rule functions' (`scores` [.., functions],
+    rule_rewards) or, with a reward model (`scores` None), its scores from collect; TRL's
+    GRPOTrainer logs a model's mean as rewards/<its name>/mean, here `rewards/reward_model/mean`."""
+    if scores is not None:
+        return rule_rewards(rewards, xp, scores)
+    reward = xp["rm_scores"]
+    return reward, {"reward": reward.mean(), "rewards/reward_model/mean": reward.mean(), **completion_metrics(xp)}
 
 
 def completion_metrics(xp: Batch) -> Metrics:

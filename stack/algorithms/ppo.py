@@ -42,15 +42,14 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.onpolicy import (completion_features, completion_logps, completion_metrics, rule_rewards,
-                                      score_on_host, sequences)
+from stack.algorithms.onpolicy import (completion_features, completion_logps, reward_model, score_on_host,
+                                      scored_rewards, with_model_scores)
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import (adaptive_kl_coef, clipped_surrogate, clipped_value_loss, gae, kl_estimate,
                                      masked_mean, masked_whiten)
 from stack.errors import ConfigError
 from stack.models.heads import Critic, make_head
-from stack.models.modules import copy_module, is_abstract
-from stack.rewards.model import ModelReward
+from stack.models.modules import copy_module
 from stack.rollout import Sampling, generate, sample_keys
 from stack.schema.rlhf import PPOConfig
 
@@ -62,12 +61,6 @@ def rewards_per_token(kl: jax.Array, score: jax.Array, mask: jax.Array, kl_coef:
     non_score = -kl_coef * kl * mask
     last = jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0)
     return non_score + jax.nn.one_hot(last, mask.shape[-1]) * score[:, None], non_score
-
-
-def model_scores(reward_model: nnx.Module, xp: Batch) -> jax.Array:
-    """A reward model's score [R] of each prompt + completion, read at the completion's last real token."""
-    tokens, _, positions = sequences(xp)
-    return reward_model(tokens, jnp.concatenate([xp["prompt_mask"], xp["completion_mask"]], -1), positions)
 
 
 class PPO:
@@ -101,9 +94,8 @@ class PPO:
             raise ConfigError("'algorithm.shared_trunk'=false with LoRA would train a full value trunk beside the "
                               "adapters; use shared_trunk=true (or null) with LoRA.")
         critic = Critic(make_head(policy, ctx.seed), None if shared else copy_module(policy))
-        frozen = self.reference.setup(policy, ctx)
-        if isinstance(ctx.rewards, ModelReward):
-            frozen["reward_model"] = ctx.rewards.load(abstract=is_abstract(policy), policy_cfg=ctx.model)
+        frozen = {**self.reference.setup(policy, ctx), **reward_model(policy, ctx)}
+        if "reward_model" in frozen:
             self.score = self.scores_spec = None
         return Setup(trained={"value": critic}, frozen=frozen, state={"kl_coef": np.float32(self.kl_coef)})
 
@@ -131,9 +123,7 @@ class PPO:
                 reference = self.reference.model(models, frozen)
                 xp.update(old_logps=logps, ref_logps=completion_logps(reference, xp, self.temperature)[0],
                           old_values=self.values(models, xp, None if models.value.trunk is not None else features))
-            if frozen is not None and hasattr(frozen, "reward_model"):
-                xp["rm_scores"] = model_scores(frozen.reward_model, xp)
-            return jax.lax.stop_gradient(xp)
+            return jax.lax.stop_gradient(with_model_scores(frozen, xp))
 
         return map_micro(one, rows)
 
@@ -146,9 +136,7 @@ class PPO:
 
     def scores_of(self, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
         """The score per completion [n, R] (a rule reward nobody gave counts 0) and its metrics."""
-        if scores is None:
-            return xp["rm_scores"], {"reward": xp["rm_scores"].mean(), **completion_metrics(xp)}
-        reward, metrics = rule_rewards(self.rewards, xp, scores)
+        reward, metrics = scored_rewards(self.rewards, xp, scores)
         return jnp.nan_to_num(reward), metrics
 
     def finalize(self, xp: Batch, scores: jax.Array | None, state: Any) -> tuple[Batch, Any, Metrics]:

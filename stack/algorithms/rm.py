@@ -9,7 +9,7 @@
 - Metrics: `accuracy` (fraction of pairs with r_chosen > r_rejected), `margin` (mean of
   r_chosen − r_rejected), `rewards/chosen`, `rewards/rejected` (mean scores), `mean_reward`.
 - A trained reward model scores text with `stack.rewards.model.score_texts` or
-  `python -m stack.generate RUN/checkpoints --prompt P --score C`; PPO reads it with `reward=model`.
+  `python -m stack.generate RUN/checkpoints --prompt P --score C`; GRPO and PPO read it with `reward=model`.
 """
 
 from typing import Any

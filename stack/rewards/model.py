@@ -1,8 +1,8 @@
 """`reward=model`: a trained reward model (a run of `algorithm=rm`) scoring completions on device.
 
-The `reward` group builds `ModelReward(init_from)`; PPO loads it (`load`) as a frozen module
-next to its reference, and reads the score at each completion's last token. The reward model
-must share the policy's tokenizer (as in TRL's PPOTrainer). On the host,
+The `reward` group builds `ModelReward(init_from)`; GRPO and PPO load it (`load`) as a frozen
+module (stack.algorithms.onpolicy.reward_model) and read the score at each completion's last
+token. The reward model must share the policy's tokenizer (as in TRL's PPOTrainer). On the host,
 `score_texts(checkpoints, prompts, completions)` scores text encoded as the RM's pipeline
 encodes a preference pair's side (BOS, the prompt and completion pieces of its chat template, EOS):
 

@@ -215,9 +215,6 @@ class GRPOConfig(AlgorithmConfig):
         if node.delta is not None and not node.delta > 1:
             raise ConfigError(f"'algorithm.delta'={node.delta} caps the importance ratio: null (off) or > 1 "
                               "(TRL recommends > 1 + epsilon_high).")
-        if cfg.reward.init_from is not None:
-            raise ConfigError(f"'reward.init_from'={cfg.reward.init_from!r}: GRPO here scores with rule functions "
-                              "(reward=rules); a reward model scores PPO's completions (algorithm=ppo).")
         check_rounds(node, cfg, node.num_iterations * node.steps_per_generation,
                      "num_iterations x steps_per_generation")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stack.algorithms.ppo import model_scores
+from stack.algorithms.onpolicy import model_scores
 from stack.build import build
 from stack.rewards.model import score_texts
 from stack.step import split_models

@@ -169,6 +169,19 @@ def test_finalize_weighs_rewards_skipping_nan_and_counts_zero_std_groups():
     assert adv[2] == adv[3] == 0.0 and adv[0] == pytest.approx(-adv[1]) and adv[0] > 0
 
 
+def test_finalize_with_a_reward_model_takes_its_scores():
+    """reward=model: no host scores; the group advantages of the reward model's scores from collect."""
+    grpo = GRPO(num_generations=2)
+    xp = {"completion_mask": jnp.ones((1, 4, 3), jnp.int32), "truncated": jnp.zeros((1, 4), bool),
+          "rm_scores": jnp.asarray([[2.0, 0.0, -1.0, -1.0]])}
+    out, _, m = grpo.finalize(xp, None, ())
+    # groups (2, 0): mean 1, unbiased std sqrt(2); (-1, -1): std 0, advantages 0
+    want = [1 / (math.sqrt(2) + 1e-4), -1 / (math.sqrt(2) + 1e-4), 0.0, 0.0]
+    np.testing.assert_allclose(np.asarray(out["advantages"])[0], want, rtol=1e-6)
+    assert float(m["reward"]) == float(m["rewards/reward_model/mean"]) == 0.0
+    assert float(m["frac_reward_zero_std"]) == 0.5 and float(m["reward_std"]) == pytest.approx(math.sqrt(2) / 2)
+
+
 def test_rule_rewards():
     completions = ["19", " 19 ", "it is 21", "", "19.0"]
     assert accuracy([""] * 5, completions, answer=["19", "19", "21", "3", "19"]) == [1.0, 1.0, 1.0, 0.0, 1.0]

@@ -1,6 +1,6 @@
 """A Hugging Face reward model as `reward.init_from=hf:DIR` (what TRL's RewardTrainer saves: a
-LlamaForSequenceClassification with one label): it scores as transformers scores it, PPO trains
-with it, and a directory that is not such a model is refused before the run starts."""
+LlamaForSequenceClassification with one label): it scores as transformers scores it, PPO and GRPO
+train with it, and a directory that is not such a model is refused before the run starts."""
 
 import math
 
@@ -55,6 +55,24 @@ def test_ppo_trains_scored_by_it(tmp_path):
     train(build(cfg, str(tmp_path / "run")))
     row = next(r for r in read_metrics(tmp_path / "run") if "train/objective/scores" in r)
     assert math.isfinite(row["train/objective/scores"]) and row["train/objective/scores"] != 0.0
+
+
+def test_grpo_trains_scored_by_it(tmp_path):
+    """TRL GRPOTrainer's reward model as reward function: GRPO's groups ranked by its scores."""
+    save_reward_model(tmp_path / "rm")
+    (tmp_path / "run").mkdir()
+    cfg = make_cfg(["algorithm=grpo", "data=jsonl_prompts", *QUICK, "algorithm.max_new_tokens=4",
+                    "algorithm.num_generations=4", "trainer.steps=1", "trainer.eval_every=1", "checkpoint=none",
+                    "reward=model", f"reward.init_from=hf:{tmp_path / 'rm'}", f"run_dir={tmp_path / 'run'}"])
+    validate(cfg)
+    exp = build(cfg, str(tmp_path / "run"))
+    train(exp)
+    assert exp.algorithm.score is None  # nothing scored on the host
+    rows = read_metrics(tmp_path / "run")
+    row = next(r for r in rows if "train/reward" in r)
+    assert math.isfinite(row["train/reward"]) and row["train/reward_std"] > 0.01  # continuous scores differ
+    assert row["train/rewards/reward_model/mean"] == row["train/reward"] and row["train/frac_reward_zero_std"] == 0.0
+    assert math.isfinite(next(r for r in rows if "eval/reward" in r)["eval/reward"])
 
 
 @pytest.mark.parametrize("kind,match", [

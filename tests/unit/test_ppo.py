@@ -206,15 +206,6 @@ def test_a_reward_model_dir_must_hold_a_reward_model(tmp_path):
         score_texts(str(tmp_path / "checkpoints"), ["1+2="], ["3"])
 
 
-def test_grpo_refuses_a_reward_model():
-    from stack.errors import ConfigError
-    from stack.validate import validate
-    from tests.conftest import make_cfg
-
-    with pytest.raises(ConfigError, match="GRPO here scores with rule functions"):
-        validate(make_cfg(["algorithm=grpo", "data=jsonl_prompts", "reward=model", "reward.init_from=/x"]))
-
-
 def test_the_recipe_takes_a_reward_model_in_place_of_its_rules():
     """The issue's command: the recipe's rules (reward=arithmetic) give way to reward=model."""
     from stack.validate import validate
