@@ -112,20 +112,18 @@ def _check_reward(cfg: DictConfig) -> None:
     if r.name == "model" and r.init_from is None:
         raise ConfigError("'reward.init_from' is required: reward=model scores with a reward model, the "
                           "checkpoints dir of an algorithm=rm run (e.g. +recipe=llama_rm): reward.init_from=RUN/checkpoints.")
-    if r.init_from is not None:  # reward=model: a run's checkpoints are checked when loaded (stack.rewards.model)
-        if r.functions:
-            raise ConfigError(f"'reward.init_from'={r.init_from!r} (a reward model) and 'reward.functions'="
-                              f"{list(r.functions)} are both set; a run scores with one: reward=model or reward=rules.")
-        if r.init_from.startswith("hf:"):
-            _check_hf_reward(r.init_from, cfg.model.vocab_size)
-        return
-    if not r.functions:
-        raise ConfigError("'reward.functions' is empty: list at least one (accuracy, format, length, or pkg.module.fn).")
+    model = r.init_from is not None  # a run's checkpoints are checked when loaded (stack.rewards.model)
+    if model and r.init_from.startswith("hf:"):
+        _check_hf_reward(r.init_from, cfg.model.vocab_size)
+    if not r.functions and not model:
+        raise ConfigError("'reward.functions' is empty: list at least one (accuracy, format, length, or pkg.module.fn), "
+                          "or score with a reward model (reward=model reward.init_from=RUN/checkpoints).")
     for name in r.functions:
         check_name(name, tuple(cfg.allow_targets))  # by its text; make_rewards judges the object
-    if r.weights is not None and len(r.weights) != len(r.functions):
-        raise ConfigError(f"'reward.weights' has {len(r.weights)} entries for {len(r.functions)} functions "
-                          f"({list(r.functions)}); give one weight per function or null.")
+    scorers = [*r.functions, *([f"the reward model {r.init_from!r}"] if model else [])]
+    if r.weights is not None and len(r.weights) != len(scorers):
+        raise ConfigError(f"'reward.weights' has {len(r.weights)} entries for {len(scorers)} scorers ({scorers}); "
+                          "give one weight per function, the reward model's last, or null (1.0 each).")
     if not r.timeout > 0:
         raise ConfigError(f"'reward.timeout'={r.timeout} must be > 0 (seconds per batch).")
 

@@ -44,8 +44,8 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.onpolicy import (completion_logps, mismatch, reward_model, score_on_host, scored_rewards,
-                                      with_model_scores)
+from stack.algorithms.onpolicy import (completion_logps, host_rules, mismatch, reward_model, score_on_host,
+                                      scored_rewards, with_model_scores)
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import clipped_surrogate, group_advantages, high_entropy, kl_estimate, masked_mean
 from stack.rollout import Sampling, generate, sample_keys
@@ -83,7 +83,7 @@ class GRPO:
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
         self.sampling = replace(self.sampling, eos_ids=(ctx.tokenizer.eos_id,), pad_id=ctx.tokenizer.pad_id)
         frozen = {**(self.reference.setup(policy, ctx) if self.beta else {}), **reward_model(policy, ctx)}
-        if "reward_model" in frozen:
+        if host_rules(ctx.rewards) is None:  # a reward model alone: nothing scored on the host
             self.score = self.scores_spec = None
         return Setup(frozen=frozen)
 
@@ -110,11 +110,11 @@ class GRPO:
 
     def _score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rewards of the decoded completions (NaN: no reward)."""
-        return score_on_host(self.tokenizer, self.rewards, xp, host, self.rows)
+        return score_on_host(self.tokenizer, host_rules(self.rewards), xp, host, self.rows)
 
     def _scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
         """The shape of `score`'s result for experience of `xp`'s shapes."""
-        return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(self.rewards.names)), jnp.float32)
+        return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(host_rules(self.rewards).names)), jnp.float32)
 
     def finalize(self, xp: Batch, scores: jax.Array | None, state: Any) -> tuple[Batch, Any, Metrics]:
         """Group-relative advantages and the round's reward metrics (`scores` None: the reward model's)."""

@@ -3,7 +3,7 @@ completions, their scoring (rule functions on the host or a reward model on devi
 reward metrics."""
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,19 @@ def completion_features(model: nnx.Module, xp: Batch) -> jax.Array:
     seq, segments, positions = sequences(xp)
     n = xp["completion"].shape[-1]
     return model(seq[:, :-1], positions[:, :-1], segments[:, :-1], features=True)[:, -n:]
+
+
+class Weighted(NamedTuple):
+    """Named reward columns and their weights (a RewardRunner's `names` and `weights`)."""
+
+    names: list[str]
+    weights: np.ndarray
+
+
+def host_rules(rewards: Any) -> Any:
+    """The rule functions scored on the host: the `reward` group's runner, or the one a reward
+    model holds beside it; None with a reward model alone (nothing to score on the host)."""
+    return rewards.rules if isinstance(rewards, ModelReward) else rewards
 
 
 def reward_model(policy: nnx.Module, ctx: Context) -> dict[str, nnx.Module]:
@@ -115,13 +128,17 @@ def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array,
 
 
 def scored_rewards(rewards: Any, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
-    """The reward per completion and its metrics: the rule functions' (`scores` [.., functions],
-    rule_rewards) or, with a reward model (`scores` None), its scores from collect; TRL's
-    GRPOTrainer logs a model's mean as rewards/<its name>/mean, here `rewards/reward_model/mean`."""
-    if scores is not None:
+    """The reward per completion and its metrics (rule_rewards) of the rule functions' `scores`
+    [.., functions] (None: none on the host) and, with a reward model, its scores from collect
+    as one more column, weighted by `rewards.weight` (TRL's GRPOTrainer: a model is one of the
+    reward functions, logged as rewards/<its name>/mean; here `rewards/reward_model/mean`)."""
+    if "rm_scores" not in xp:
         return rule_rewards(rewards, xp, scores)
-    reward = xp["rm_scores"]
-    return reward, {"reward": reward.mean(), "rewards/reward_model/mean": reward.mean(), **completion_metrics(xp)}
+    rules, model = host_rules(rewards), xp["rm_scores"][..., None]
+    names, weights = ([], []) if rules is None else (list(rules.names), list(rules.weights))
+    columns = model if scores is None else jnp.concatenate([scores, model], -1)
+    both = Weighted([*names, "reward_model"], np.asarray([*weights, rewards.weight], np.float32))
+    return rule_rewards(both, xp, columns)
 
 
 def completion_metrics(xp: Batch) -> Metrics:

@@ -42,8 +42,8 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.onpolicy import (completion_features, completion_logps, reward_model, score_on_host,
-                                      scored_rewards, with_model_scores)
+from stack.algorithms.onpolicy import (completion_features, completion_logps, host_rules, reward_model,
+                                      score_on_host, scored_rewards, with_model_scores)
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import (adaptive_kl_coef, clipped_surrogate, clipped_value_loss, gae, kl_estimate,
                                      masked_mean, masked_whiten)
@@ -95,7 +95,7 @@ class PPO:
                               "adapters; use shared_trunk=true (or null) with LoRA.")
         critic = Critic(make_head(policy, ctx.seed), None if shared else copy_module(policy))
         frozen = {**self.reference.setup(policy, ctx), **reward_model(policy, ctx)}
-        if "reward_model" in frozen:
+        if host_rules(ctx.rewards) is None:  # a reward model alone: nothing scored on the host
             self.score = self.scores_spec = None
         return Setup(trained={"value": critic}, frozen=frozen, state={"kl_coef": np.float32(self.kl_coef)})
 
@@ -129,10 +129,10 @@ class PPO:
 
     def _score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward)."""
-        return score_on_host(self.tokenizer, self.rewards, xp, host, self.rows)
+        return score_on_host(self.tokenizer, host_rules(self.rewards), xp, host, self.rows)
 
     def _scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(self.rewards.names)), jnp.float32)
+        return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(host_rules(self.rewards).names)), jnp.float32)
 
     def scores_of(self, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
         """The score per completion [n, R] (a rule reward nobody gave counts 0) and its metrics."""

@@ -34,18 +34,20 @@ def resolve(name: str, allowed: tuple[str, ...]) -> Callable:
 
 
 def make_rewards(cfg: Any, allowed: tuple[str, ...]) -> Any:
-    """The runner of the `reward` group's rule functions, or its reward model (`init_from`:
-    a stack.rewards.model.ModelReward, imported here: validation must not import jax)."""
-    if cfg.init_from is not None:
-        from stack.rewards.model import ModelReward
-
-        return ModelReward(cfg.init_from)
+    """The runner of the `reward` group's rule functions, or its reward model (`init_from`: a
+    stack.rewards.model.ModelReward holding the runner of any functions listed beside it, the
+    last weight its own; imported here: validation must not import jax)."""
     options = {"format": {"pattern": cfg.format_pattern}, "length": {"max_length": cfg.max_length}}
     functions = [(metric_name(name, list(cfg.functions)), functools.partial(resolve(name, allowed),
                                                                             **options.get(name, {})))
                  for name in cfg.functions]
-    weights = list(cfg.weights) if cfg.weights is not None else [1.0] * len(functions)
-    return RewardRunner(functions, weights, cfg.timeout)
+    weights = list(cfg.weights) if cfg.weights is not None else [1.0] * (len(functions) + (cfg.init_from is not None))
+    runner = RewardRunner(functions, weights[:len(functions)], cfg.timeout) if functions else None
+    if cfg.init_from is None:
+        return runner
+    from stack.rewards.model import ModelReward
+
+    return ModelReward(cfg.init_from, rules=runner, weight=weights[-1])
 
 
 def metric_name(name: str, names: list[str]) -> str:

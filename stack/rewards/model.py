@@ -11,6 +11,7 @@ encodes a preference pair's side (BOS, the prompt and completion pieces of its c
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,10 +39,13 @@ class RewardScorer(nnx.Module):
 class ModelReward:
     """The reward model of a checkpoints dir written by an `algorithm=rm` run, or `hf:DIR`: a
     Hugging Face LlamaForSequenceClassification with one label (TRL RewardTrainer's output,
-    `stack.hf export` of an RM run)."""
+    `stack.hf export` of an RM run); with `rules`, rule functions scored beside it on the host
+    (TRL's reward_funcs mixing models and functions), the model's score weighted by `weight`."""
 
     init_from: str
     key: str = "'reward.init_from'"  # how errors name init_from (the stack.generate --score path)
+    rules: Any = None  # a stack.rewards.RewardRunner, or None: the model alone
+    weight: float = 1.0
 
     def run_config(self) -> DictConfig:
         """The resolved config of the run that wrote the checkpoints (its `config.yaml`)."""
@@ -57,7 +61,9 @@ class ModelReward:
         return cfg
 
     def close(self) -> None:
-        """Nothing to stop (the reward model lives in the run's frozen modules)."""
+        """The rule functions' workers (the reward model lives in the run's frozen modules)."""
+        if self.rules is not None:
+            self.rules.close()
 
     def load(self, abstract: bool = False, policy_cfg: DictConfig | None = None) -> RewardScorer:
         """The reward model with its trained params (shape-only when `abstract`: mode=compile);

@@ -11,6 +11,7 @@ import pytest
 from stack.algorithms.grpo import GRPO
 from stack.algorithms.rlmath import group_advantages, kl_estimate
 from stack.rewards.functions import accuracy, digits, format_match, length_penalty
+from stack.rewards.model import ModelReward
 from tests.conftest import loss_of
 
 REWARDS = np.array([[1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5]], np.float32)  # 2 prompts x G=4
@@ -172,6 +173,7 @@ def test_finalize_weighs_rewards_skipping_nan_and_counts_zero_std_groups():
 def test_finalize_with_a_reward_model_takes_its_scores():
     """reward=model: no host scores; the group advantages of the reward model's scores from collect."""
     grpo = GRPO(num_generations=2)
+    grpo.rewards = ModelReward("runs/rm/checkpoints")
     xp = {"completion_mask": jnp.ones((1, 4, 3), jnp.int32), "truncated": jnp.zeros((1, 4), bool),
           "rm_scores": jnp.asarray([[2.0, 0.0, -1.0, -1.0]])}
     out, _, m = grpo.finalize(xp, None, ())
@@ -180,6 +182,20 @@ def test_finalize_with_a_reward_model_takes_its_scores():
     np.testing.assert_allclose(np.asarray(out["advantages"])[0], want, rtol=1e-6)
     assert float(m["reward"]) == float(m["rewards/reward_model/mean"]) == 0.0
     assert float(m["frac_reward_zero_std"]) == 0.5 and float(m["reward_std"]) == pytest.approx(math.sqrt(2) / 2)
+
+
+def test_a_reward_model_beside_rule_functions_is_one_more_weighted_column():
+    """TRL reward_funcs=[fn, model] with reward_weights: the nansum of weight x score per completion."""
+    grpo = GRPO(num_generations=2)
+    grpo.rewards = ModelReward("runs/rm/checkpoints", rules=Rewards(), weight=2.0)
+    scores = jnp.asarray([[[1.0, 1.0], [0.0, np.nan], [np.nan, np.nan], [1.0, 0.0]]])  # accuracy, format
+    xp = {"completion_mask": jnp.ones((1, 4, 3), jnp.int32), "truncated": jnp.zeros((1, 4), bool),
+          "rm_scores": jnp.asarray([[0.5, -1.0, 0.25, 0.0]])}
+    _, _, m = grpo.finalize(xp, scores, ())
+    # 1 + 0.5 + 2 x 0.5 = 2.5; 0 + 2 x -1 = -2 (format NaN skipped); 2 x 0.25 = 0.5; 1 + 0 + 0 = 1
+    assert float(m["reward"]) == pytest.approx((2.5 - 2 + 0.5 + 1) / 4)
+    assert float(m["rewards/reward_model/mean"]) == pytest.approx(-0.25 / 4)
+    assert float(m["rewards/accuracy/mean"]) == pytest.approx(2 / 3) and float(m["reward/errors"]) == 3.0
 
 
 def test_rule_rewards():

@@ -57,21 +57,27 @@ def test_ppo_trains_scored_by_it(tmp_path):
     assert math.isfinite(row["train/objective/scores"]) and row["train/objective/scores"] != 0.0
 
 
-def test_grpo_trains_scored_by_it(tmp_path):
-    """TRL GRPOTrainer's reward model as reward function: GRPO's groups ranked by its scores."""
+@pytest.mark.parametrize("functions", [[], ["length"]])
+def test_grpo_trains_scored_by_it(functions, tmp_path):
+    """TRL GRPOTrainer's reward_funcs with a reward model: GRPO's groups ranked by its scores, alone
+    or weighted beside a rule function (the model's weight last)."""
     save_reward_model(tmp_path / "rm")
     (tmp_path / "run").mkdir()
+    weights = [0.5, 2.0] if functions else [2.0]
     cfg = make_cfg(["algorithm=grpo", "data=jsonl_prompts", *QUICK, "algorithm.max_new_tokens=4",
                     "algorithm.num_generations=4", "trainer.steps=1", "trainer.eval_every=1", "checkpoint=none",
-                    "reward=model", f"reward.init_from=hf:{tmp_path / 'rm'}", f"run_dir={tmp_path / 'run'}"])
+                    "reward=model", f"reward.init_from=hf:{tmp_path / 'rm'}", f"reward.functions={functions}",
+                    f"reward.weights={weights}", f"run_dir={tmp_path / 'run'}"])
     validate(cfg)
     exp = build(cfg, str(tmp_path / "run"))
     train(exp)
-    assert exp.algorithm.score is None  # nothing scored on the host
+    assert (exp.algorithm.score is None) == (not functions)  # a reward model alone: nothing scored on the host
     rows = read_metrics(tmp_path / "run")
     row = next(r for r in rows if "train/reward" in r)
     assert math.isfinite(row["train/reward"]) and row["train/reward_std"] > 0.01  # continuous scores differ
-    assert row["train/rewards/reward_model/mean"] == row["train/reward"] and row["train/frac_reward_zero_std"] == 0.0
+    rules = 0.5 * row["train/rewards/length/mean"] if functions else 0.0
+    assert row["train/reward"] == pytest.approx(2.0 * row["train/rewards/reward_model/mean"] + rules, rel=1e-5)
+    assert row["train/frac_reward_zero_std"] == 0.0
     assert math.isfinite(next(r for r in rows if "eval/reward" in r)["eval/reward"])
 
 

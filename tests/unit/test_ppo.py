@@ -177,7 +177,10 @@ def test_tokens_after_eos_change_nothing(setup_run):
 
 @pytest.mark.parametrize("overrides,match", [
     (["reward=model"], r"'reward.init_from' is required: reward=model scores with a reward model"),
-    (["reward=model", "reward.init_from=/x", "reward.functions=[accuracy]"], r"both set"),
+    (["reward=model", "reward.init_from=/x", "reward.functions=[accuracy]", "reward.weights=[1.0]"],
+     r"^'reward.weights' has 1 entries for 2 scorers \(\['accuracy', \"the reward model '/x'\"\]\); give one weight "
+     r"per function, the reward model's last, or null"),
+    (["reward=rules", "reward.functions=[]"], r"'reward.functions' is empty: .* or score with a reward model"),
     (["algorithm.kl_estimator=k2"], r"algorithm.kl_estimator.*k1.*k3"),
     (["algorithm.shared_trunk=false", "quantization=lora"], r"shared_trunk'=false with quantization=lora"),
     (["trainer.steps=10"], r"multiple of num_ppo_epochs x num_mini_batches = 4"),
