@@ -15,7 +15,8 @@
 - Rewards: the `reward` group's functions on the host, summed with `reward.weights`
   skipping NaN (TRL's nansum); a completion no function scored is left out. Or, with
   `reward=model`, a trained reward model's score (TRL: a sequence-classification model as the
-  reward function; here on device in collect, with the policy's tokenizer, as PPO's).
+  reward function; here on device in collect, with the policy's tokenizer, as PPO's), alone or
+  beside the functions as one more weighted column.
 - Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none.
 - Loss per token: −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) + β·KL(π‖π_ref) (k3 by default, in the
   loss); β = 0 (the default) builds no reference at all. `importance_sampling_level=sequence`
@@ -76,7 +77,7 @@ class GRPO:
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
-        self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model
+        self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model alone
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The tokenizer and reward functions for scoring (or the reward model); the reference only when beta > 0."""

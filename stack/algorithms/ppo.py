@@ -5,7 +5,8 @@
   initial policy, or with `shared_trunk` on the policy's hidden states; with LoRA the trunk is
   shared so the adapters and the head are the only trained params); the frozen reference
   (stack.algorithms.reference: with LoRA the base with adapters off); the score from rule
-  functions on the host (reward=rules) or a reward model on device (reward=model).
+  functions on the host (reward=rules), a reward model on device (reward=model), or both, their
+  weighted sum (stack.algorithms.onpolicy.scored_rewards).
 - A round samples one completion per prompt (stack.rollout, `temperature`), then runs the
   training forward of the policy (old log-probs, logits / temperature as TRL), the reference
   and the value model over prompt + completion. The value at completion token t is the value
@@ -83,7 +84,7 @@ class PPO:
         self.shared_trunk = shared_trunk
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
-        self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model
+        self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model alone
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The value model (trained), the reference and a reward model (frozen), the KL coefficient."""
