@@ -3,9 +3,10 @@
 For TPU targets the devices come from `jax.experimental.topologies` (compile-only devices
 of `hardware.topology`, made by libtpu: no TPU needed; multi-host slices from one CPU
 process); for GPU targets from the CUDA plugin and a description of the GPU (stack.gpu_target,
-with or without a GPU here). The experiment is built shape-only on them (`build(..., devices=...)`) and the
-programs of `stack.step` that training runs (`update`, the train step, and `collect`) are
-lowered for an abstract TrainState, frozen modules and round of data carrying the
+with or without a GPU here). The experiment is built shape-only on them (`build(...,
+devices=...)`) and the programs of `stack.step` that training runs (`update`, the train step,
+and `collect`; a DPO round runs the two as one program, `collect_update`, reported here as the
+two) are lowered for an abstract TrainState, frozen modules and round of data carrying the
 shardings training uses, then compiled. XLA's memory and cost analyses give the
 per-device footprint (vs the chip's HBM) and FLOPs (vs the chip's peak).
 """

@@ -8,7 +8,7 @@ Module states are pure nested dicts (`nnx.to_pure_dict`), merged with their grap
 the jitted programs: flattening them on every call costs a fifth of an `nnx.State`'s.
 
 `make_programs` returns the four jitted functions the trainer runs each round (collect,
-finalize, update, evaluate); `mode=compile` lowers the very same functions for abstract
+finalize, update, evaluate), and `collect_update` for rounds that need nothing in between; `mode=compile` lowers the very same functions for abstract
 inputs. `update` is the one train step: it scans the micro-batches of its minibatch,
 sums the gradients and the loss's (numerator, denominator) and divides once, so every
 counted item (token, pair) weighs the same however the minibatch is split.
@@ -185,6 +185,9 @@ class Programs:
     finalize: Callable  # (xp, scores, algo state) -> (xp, algo state, metrics)
     update: Callable  # (state, frozen, xp, j-th step of the round) -> (state, metrics); state donated
     evaluate: Callable  # (state.models_only(), frozen, xp, scores) -> metrics
+    # (state, frozen, batch) -> (state, metrics): collect then the round's one update as one
+    # program, for rounds with nothing between them (`one_program`); else None
+    collect_update: Callable | None = None
 
 
 def _pass_batch(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Batch:
@@ -193,6 +196,16 @@ def _pass_batch(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Ba
 
 def _pass_xp(xp: Batch, scores: Any, algo: Any) -> tuple[Batch, Any, Metrics]:
     return xp, algo, {}
+
+
+def one_program(alg: Any) -> bool:
+    """Whether a round is collect then a single optimizer step with nothing between them: no host
+    `score`, no `finalize` (DPO's reference log-probs). The trainer runs such a round as one
+    program: one compilation instead of two (DPO tiny: the first step ~0.7 s sooner), one dispatch
+    per step, and no experience written out between programs; the bits are the same."""
+    schedule = alg.schedule
+    return (alg.collect is not None and alg.score is None and alg.finalize is None
+            and schedule.epochs * schedule.minibatches == 1)
 
 
 def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
@@ -227,13 +240,18 @@ def make_programs(exp: Any, parts: Parts, shardings: TrainState) -> Programs:
                         if k not in BATCH_COUNTS}
         return metrics
 
+    def collect_update(state: TrainState, frozen: Any, batch: Batch) -> tuple[TrainState, Metrics]:
+        return update(state, frozen, collect(state.models_only(), frozen, batch, True), 0)
+
     replicated = NamedSharding(exp.mesh, PartitionSpec())
+    step = lambda f: jax.jit(f, donate_argnums=0, out_shardings=(shardings, replicated), keep_unused=True)  # noqa: E731
     # keep_unused: every input stays a program argument, so XLA's memory analysis of each
     # program counts all that is resident while it runs (mode=compile reports it).
     # An algorithm without collect / finalize gets a plain pass-through: no program to run.
     return Programs(
         collect=jax.jit(collect, static_argnums=3, keep_unused=True) if alg.collect else _pass_batch,
         finalize=jax.jit(alg.finalize) if alg.finalize else _pass_xp,
-        update=jax.jit(update, donate_argnums=0, out_shardings=(shardings, replicated), keep_unused=True),
+        update=step(update),
         evaluate=jax.jit(evaluate, out_shardings=replicated),
+        collect_update=step(collect_update) if one_program(alg) else None,
     )

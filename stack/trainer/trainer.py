@@ -4,7 +4,8 @@
 
 A round reads `grad_accum × schedule.minibatches` data batches (stack.trainer.feed), runs
 the algorithm's jitted `collect`, its host `score` (if any) and jitted `finalize`, then
-`epochs × minibatches` optimizer steps (stack.step). The loop body knows nothing about the
+`epochs × minibatches` optimizer steps (stack.step); a round of collect and one step with
+nothing between them (DPO) runs as one program (stack.step.one_program). The loop body knows nothing about the
 objective; everything else (logging window, throughput, NaN policy, eval, signals,
 checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds to the
 logged row. The loop waits for the device on a rhythm set by the step time (stack.trainer.sync),
@@ -18,6 +19,7 @@ TRL's PPO / GRPO trainers time a batch's rollout and update).
 
 import math
 import os
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
 
@@ -115,14 +117,13 @@ class Trainer:
             if run.status != RUNNING:  # a non-finite loss in the rows it completed: no new round
                 return pending
         batch, host, run.data_state = pending
-        xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
-        scores = self.alg.score(xp, host) if self.alg.score is not None else None
-        xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)
-        run.state = replace(run.state, algo=algo)
-        run.tokens_per_step = self.alg.batch_tokens(xp) // self.alg.schedule.minibatches
-        run.episodes_per_step = episodes(xp) / len(self.plan)
+        if run.programs.collect_update is not None:  # one program (stack.step.one_program)
+            step, extra = (lambda j: run.programs.collect_update(run.state, run.frozen, batch)), {}
+            run.tokens_per_step, run.episodes_per_step = self.alg.batch_tokens(batch), 0.0
+        else:
+            step, extra = self._collected(run, batch, host)
         for j in self.plan:
-            run.state, metrics = run.programs.update(run.state, run.frozen, xp, j)
+            run.state, metrics = step(j)
             if j == len(self.plan) - 1:
                 pending = self.feed.read(busy=metrics)  # the host reads while the device runs the step
             if not self.round_waits and self.sync.due(run.step):
@@ -142,6 +143,17 @@ class Trainer:
         for hook in self.hooks:
             hook.after_round(run)
         return pending
+
+    def _collected(self, run: Run, batch: dict, host: dict) -> tuple[Callable, dict]:
+        """Collect, score and finalize a round's data: (its j-th optimizer step j -> (state, metrics),
+        finalize's metrics)."""
+        xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
+        scores = self.alg.score(xp, host) if self.alg.score is not None else None
+        xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)
+        run.state = replace(run.state, algo=algo)
+        run.tokens_per_step = self.alg.batch_tokens(xp) // self.alg.schedule.minibatches
+        run.episodes_per_step = episodes(xp) / len(self.plan)
+        return (lambda j: run.programs.update(run.state, run.frozen, xp, j)), extra
 
     def _wait(self, run: Run) -> None:
         """Wait for the device to finish step `run.step`, then complete and emit the held rows:

@@ -17,11 +17,13 @@ from flax import nnx
 
 import stack.trainer.metrics as metrics_hook
 from stack.algorithms.base import Schedule, ratio
+from stack.algorithms.dpo import DPO as DPOAlgorithm
+from stack.algorithms.sft import SFT as SFTAlgorithm
 from stack.build import build
 from stack.saved_params import load_params
 from stack.errors import ConfigError
 from stack.parallel import batch_sharding, global_batch
-from stack.step import minibatch
+from stack.step import minibatch, one_program
 from stack.trainer import Trainer, train
 from stack.trainer.context import PREEMPTED, Hook
 from stack.trainer.evaluation import evaluate
@@ -55,6 +57,57 @@ def test_grad_accumulation_4x2_equals_one_batch_of_8(tmp_path, recipe):
     acc_losses, acc = trained(tmp_path / "acc", base + ["data.batch_size=2", "trainer.grad_accum=4"])
     np.testing.assert_allclose(acc_losses, big_losses, rtol=0, atol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-5), acc, big)
+
+
+class Rounds(Trainer):
+    """A Trainer that counts its `collect_update` calls in `fused`; with `split`, it runs every
+    round as `collect`, then `update` instead."""
+
+    split = False
+
+    def start(self):
+        run = super().start()
+        self.fused = 0
+
+        def counted(*args):
+            self.fused += 1
+            return one(*args)
+
+        one = run.programs.collect_update
+        run.programs = replace(run.programs, collect_update=None if self.split else counted)
+        return run
+
+
+class Split(Rounds):
+    split = True
+
+
+def test_a_dpo_round_is_one_program_with_the_bits_of_collect_then_update(tmp_path):
+    """DPO's round (the reference's log-probs, then one step) runs as `collect_update`: the same
+    rows and params, bit for bit, as the two programs one after the other (2 micro-batches)."""
+    cfg = make_cfg(DPO + QUICK + ["trainer.steps=3", "trainer.log_every=1", "trainer.eval_every=0",
+                                  "data.batch_size=4", "trainer.grad_accum=2"])
+    results = []
+    for kind in (Rounds, Split):
+        (tmp_path / kind.__name__).mkdir()
+        exp, cap = captured(build(cfg, str(tmp_path / kind.__name__)))
+        trainer = kind(exp)
+        trainer.run()
+        rows = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in cap.rows]
+        results.append((trainer.fused, rows, jax.tree.map(np.asarray, trainer.state.params)))
+    (fused, one, one_params), (none, two, two_params) = results
+    assert (fused, none) == (3, 0)
+    assert [r["step"] for r in one if "train/loss" in r] == [1, 2, 3] and one == two
+    jax.tree.map(np.testing.assert_array_equal, one_params, two_params)
+
+
+def test_only_a_round_with_nothing_between_collect_and_its_one_step_is_one_program():
+    """DPO: yes; SFT (no collect), a host score or finalize (GRPO, PPO), several steps: no."""
+    assert one_program(DPOAlgorithm()) and not one_program(SFTAlgorithm())
+    dpo = dict(collect=len, score=None, finalize=None, schedule=Schedule())
+    for change in (dict(score=len), dict(finalize=len), dict(schedule=Schedule(epochs=2)),
+                   dict(schedule=Schedule(minibatches=2))):
+        assert not one_program(SimpleNamespace(**{**dpo, **change})), change
 
 
 def test_uneven_micro_batches_make_the_mean_of_means_wrong(tmp_path):
@@ -203,14 +256,17 @@ def test_rows_reach_the_sinks_in_step_order_with_eval_rows_between(tmp_path):
 
 
 class CallOrder(Trainer):
-    """A Trainer whose run records the order of its `update` and `evaluate` calls in `calls`."""
+    """A Trainer whose run records the order of its train steps (`update`, or `collect_update`
+    where a round is one program) and `evaluate` calls in `calls`."""
 
     def start(self):
         run = super().start()
         self.calls: list[str] = []
         rec = lambda name, f: lambda *a: self.calls.append(name) or f(*a)  # noqa: E731
-        run.programs = replace(run.programs, update=rec("update", run.programs.update),
-                               evaluate=rec("evaluate", run.programs.evaluate))
+        p = run.programs
+        step = {"update": rec("update", p.update)} if p.collect_update is None else \
+            {"collect_update": rec("update", p.collect_update)}
+        run.programs = replace(p, **step, evaluate=rec("evaluate", p.evaluate))
         return run
 
 
