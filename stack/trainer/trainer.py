@@ -2,19 +2,19 @@
 
     Trainer(exp).run() -> Summary
 
-A round reads `grad_accum × schedule.minibatches` data batches (stack.trainer.feed), runs
-the algorithm's jitted `collect`, its host `score` (if any) and jitted `finalize`, then
-`epochs × minibatches` optimizer steps (stack.step); a round of collect and one step with
-nothing between them (DPO) runs as one program (stack.step.one_program). The loop body knows nothing about the
-objective; everything else (logging window, throughput, NaN policy, eval, signals,
-checkpoints) is a hook (stack.trainer.context.Hook) that reads the run and adds to the
-logged row. The loop waits for the device on a rhythm set by the step time (stack.trainer.sync),
-for the step before the newest, so the device never idles for it; a logging step's row is held
-until then and completed by the hooks (`Hook.log`). Eval and checkpoint steps wait in their hooks.
-Rounds of several optimizer steps (PPO's epochs) or scored on the host (GRPO, PPO: the host
-waits for the device there anyway) wait at round starts only: held rows are emitted on a round
-boundary, each with its round's share of the round's time, generation and scoring included (as
-TRL's PPO / GRPO trainers time a batch's rollout and update).
+A round reads `grad_accum × schedule.minibatches` data batches (stack.trainer.feed), runs the
+algorithm's jitted `collect`, its host `score` (if any) and jitted `finalize`, then `epochs ×
+minibatches` optimizer steps (stack.step); a round of collect and one step with nothing between
+them (DPO) runs as one program (stack.step.one_program). The loop body knows nothing about the
+objective; everything else (logging window, throughput, NaN policy, eval, signals, checkpoints)
+is a hook (stack.trainer.context.Hook) that reads the run and adds to the logged row. The loop
+waits for the device on a rhythm set by the step time (stack.trainer.sync), for the step before
+the newest, so the device never idles for it; a logging step's row is held until then and
+completed by the hooks (`Hook.log`). Eval and checkpoint steps wait in their hooks. Rounds of
+several optimizer steps (PPO's epochs) or scored on the host (GRPO, PPO: the host waits for the
+device there anyway) wait at round starts only: held rows are emitted on a round boundary, each
+with its round's share of the round's time, generation and scoring included (as TRL's PPO /
+GRPO trainers time a batch's rollout and update).
 """
 
 import math

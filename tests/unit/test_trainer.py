@@ -67,13 +67,12 @@ class Rounds(Trainer):
 
     def start(self):
         run = super().start()
-        self.fused = 0
+        self.fused, one = 0, run.programs.collect_update
 
         def counted(*args):
             self.fused += 1
             return one(*args)
 
-        one = run.programs.collect_update
         run.programs = replace(run.programs, collect_update=None if self.split else counted)
         return run
 
