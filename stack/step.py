@@ -9,9 +9,10 @@ the jitted programs: flattening them on every call costs a fifth of an `nnx.Stat
 
 `make_programs` returns the four jitted functions the trainer runs each round (collect,
 finalize, update, evaluate), and `collect_update` for rounds with nothing between the two;
-`mode=compile` lowers the very same functions for abstract inputs. `update` is the one train step: it scans the micro-batches of its minibatch,
-sums the gradients and the loss's (numerator, denominator) and divides once, so every
-counted item (token, pair) weighs the same however the minibatch is split.
+`mode=compile` lowers the very same functions for abstract inputs. `update` is the one train
+step: it scans the micro-batches of its minibatch, sums the gradients and the loss's
+(numerator, denominator) and divides once, so every counted item (token, pair) weighs the
+same however the minibatch is split.
 
 Keys: every random draw comes from `key` (the seed), split by purpose with `fold_in`
 (loss, collect, eval) and then by the optimizer step, so a run draws the same numbers
