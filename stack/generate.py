@@ -4,6 +4,7 @@ dir or a Hugging Face Llama dir, sampled on device with the KV cache (stack.roll
     python -m stack.generate runs/a/checkpoints --prompt "12+7=" --max-new-tokens 8 --temperature 0.7 --top-p 0.9
     python -m stack.generate path/to/hf_llama_dir --prompt "Hello" --greedy
     python -m stack.generate runs/rm/checkpoints --prompt "copy abc=" --score abc --score abd   # a reward model
+    python -m stack.generate path/to/hf_reward_model --prompt "copy abc=" --score abc   # TRL RewardTrainer's output
     python -m stack.generate runs/chat/checkpoints --chat --prompt "What is 2+3?"   # a user turn, as trained
 
 A checkpoints dir is read with its run's `config.yaml` (model shape, tokenizer); a HF dir
@@ -112,8 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--score", action="append", metavar="COMPLETION",
-                        help="with a reward model's checkpoints (algorithm=rm): score this completion of each "
-                             "prompt instead of sampling; repeat for several")
+                        help="with a reward model (an algorithm=rm run's checkpoints or a HF "
+                             "LlamaForSequenceClassification dir): score this completion of each prompt "
+                             "instead of sampling; repeat for several")
     args = parser.parse_args(argv)
     bad = [f"{flag}={value}" for flag, value, ok in (
         ("--temperature", args.temperature, args.temperature >= 0), ("--top-k", args.top_k, args.top_k >= 0),
@@ -125,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.score:
             from stack.rewards.model import score_texts
 
+            path = f"hf:{args.path}" if os.path.isfile(os.path.join(args.path, "config.json")) else args.path
             pairs = [(p, c) for p in args.prompt for c in args.score]
-            scores = score_texts(args.path, [p for p, _ in pairs], [c for _, c in pairs])
+            scores = score_texts(path, [p for p, _ in pairs], [c for _, c in pairs])
             for (prompt, completion), score in zip(pairs, scores):
                 print(f"{score:.4f}\t{prompt}{completion}")
             return

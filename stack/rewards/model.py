@@ -3,13 +3,15 @@
 The `reward` group builds `ModelReward(init_from)`; GRPO and PPO load it (`load`) as a frozen
 module (stack.algorithms.onpolicy.reward_model) and read the score at each completion's last
 token. The reward model must share the policy's tokenizer (as in TRL's PPOTrainer). On the host,
-`score_texts(checkpoints, prompts, completions)` scores text encoded as the RM's pipeline
-encodes a preference pair's side (BOS, the prompt and completion pieces of its chat template, EOS):
+`score_texts(path, prompts, completions)` scores text encoded as the RM's pipeline encodes a
+plain-text preference pair's side (BOS, the prompt, the completion, EOS):
 
     from stack.rewards.model import score_texts
     score_texts("runs/rm/checkpoints", ["copy abc="], ["abc"])   # -> array([2.7], dtype=float32)
+    score_texts("hf:path/to/trl_reward_model", ["copy abc="], ["abc"])
 """
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,22 @@ class ModelReward:
                               f"{cfg.algorithm.name!r}, not a reward model (algorithm=rm).")
         return cfg
 
+    def reader(self) -> tuple[Any, DictConfig]:
+        """The tokenizer and `model` config it reads text with: its run's, or for `hf:DIR` the dir's
+        `config.json` and `tokenizer.json` (the byte tokenizer without one, as stack.generate)."""
+        from stack.data.tokenizers import ByteTokenizer, make_tokenizer
+
+        if not self.init_from.startswith("hf:"):
+            cfg = self.run_config()
+            return make_tokenizer(cfg.data.tokenizer), cfg.model
+        from stack.models.hf_config import hf_config_to_model, read_config
+        from stack.schema.model import ModelConfig
+
+        root = self.init_from.removeprefix("hf:")
+        model = OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(read_config(root), reward=True))
+        has_tokenizer = os.path.isfile(os.path.join(root, "tokenizer.json"))
+        return make_tokenizer(root) if has_tokenizer else ByteTokenizer(), model
+
     def close(self) -> None:
         """The rule functions' workers (the reward model lives in the run's frozen modules)."""
         if self.rules is not None:
@@ -99,18 +117,16 @@ class ModelReward:
         return RewardScorer(trunk, head)
 
 
-def score_texts(checkpoints: str, prompts: list[str], completions: list[str]) -> np.ndarray:
-    """The reward model's float32 score of each (prompt, completion), as its data encoded pairs."""
-    from stack.data.chat import make_template
+def score_texts(path: str, prompts: list[str], completions: list[str]) -> np.ndarray:
+    """The reward model's float32 score of each (prompt, completion), encoded as its data encoded a
+    pair's side; `path`: an algorithm=rm run's checkpoints or `hf:DIR` (TRL RewardTrainer's output)."""
     from stack.data.encode import Encoder
-    from stack.data.tokenizers import make_tokenizer
 
-    reward = ModelReward(checkpoints, key="--score scores with a reward model; its checkpoints")
-    cfg = reward.run_config()
-    scorer = reward.load()
-    tokenizer = make_tokenizer(cfg.data.tokenizer)
-    template = make_template(cfg.data.chat_template, cfg.data.tokenizer)
-    encoder = Encoder("preference", tokenizer, template, cfg.model.max_seq_len - 1, "keep_end")
+    reward = ModelReward(path, key="--score scores with a reward model; its checkpoints")
+    tokenizer, model_cfg = reward.reader()
+    scorer = reward.load(policy_cfg=model_cfg)
+    # plain-text pairs are BOS, prompt, completion, EOS: no chat template renders them
+    encoder = Encoder("preference", tokenizer, "simple", model_cfg.max_seq_len - 1, "keep_end")
     rows = [encoder.encode({"prompt": p, "chosen": c, "rejected": c}, f"text {i}")
             for i, (p, c) in enumerate(zip(prompts, completions))]
     width = 2 + max(int(r["segment_ids"][0].sum()) for r in rows)  # the longest sequence, padded

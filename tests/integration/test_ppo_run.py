@@ -104,7 +104,7 @@ def test_reward_model_scores_ppo_completions_as_it_scores_text(tmp_path, capsys)
 def exported_head_scores_like_generate(rm: str, out, capsys) -> None:
     """`stack.hf export` of the RM is what TRL's RewardTrainer saves: transformers'
     AutoModelForSequenceClassification loads it with no missing or unused weight and gives the
-    scores `python -m stack.generate --score` prints."""
+    scores `python -m stack.generate --score` prints, for the run and for the HF dir alike."""
     transformers = pytest.importorskip("transformers", reason="the export check needs transformers")
     torch = pytest.importorskip("torch", reason="the export check needs torch")
 
@@ -122,3 +122,5 @@ def exported_head_scores_like_generate(rm: str, out, capsys) -> None:
         ids = [[1, *(b + 3 for b in f"copy abc={c}".encode()), 2] for c in ("abc", "abd")]  # bytes: BOS .. EOS
         theirs = hf.eval()(torch.tensor(ids)).logits[:, 0].numpy()
     np.testing.assert_allclose(ours, theirs, atol=1e-3)  # printed with 4 decimals
+    generate_main([str(out), "--prompt", "copy abc=", "--score", "abc", "--score", "abd"])  # the HF dir itself
+    assert [float(line.split("\t")[0]) for line in capsys.readouterr().out.splitlines()] == ours

@@ -10,7 +10,7 @@ import pytest
 
 from stack.build import build
 from stack.errors import ConfigError
-from stack.rewards.model import ModelReward
+from stack.rewards.model import ModelReward, score_texts
 from stack.trainer import train
 from stack.validate import validate
 from tests.conftest import QUICK, make_cfg, read_metrics
@@ -42,6 +42,18 @@ def test_scores_equal_transformers_at_the_last_real_token(tmp_path):
         theirs = hf(torch.from_numpy(ids)).logits[:, 0].numpy()
     assert np.abs(theirs).min() > 0.1
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+
+
+def test_score_texts_of_the_dir_equal_transformers_on_its_byte_encoding(tmp_path):
+    """`stack.generate DIR --score` (score_texts of `hf:DIR`): a dir without tokenizer.json is read
+    with the byte tokenizer (BOS 1, EOS 2, byte + 3), as transformers scores those ids."""
+    hf = save_reward_model(tmp_path)
+    pairs = [("copy abc=", "abc"), ("12+7=", "19"), ("copy abc=", "abd")]
+    ours = score_texts(f"hf:{tmp_path}", [p for p, _ in pairs], [c for _, c in pairs])
+    with torch.no_grad():
+        theirs = [hf(torch.tensor([[1, *(b + 3 for b in (p + c).encode()), 2]])).logits[0, 0].item() for p, c in pairs]
+    assert len(set(np.round(theirs, 3))) == 3
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
 def test_ppo_trains_scored_by_it(tmp_path):
