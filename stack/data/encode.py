@@ -86,7 +86,7 @@ class Encoder:
             pieces, answer = records.prompt_pieces(record, where, self.template)
             return self._prompt_row(pieces, answer, records.reward_fields(record), where, wrap)
         pieces = (records.text_pieces(record, where) if self.kind == "text"
-                  else records.sft_pieces(record, where, self.template))
+                  else records.sft_pieces(record, where, self.template, self.train_on_input))
         if self.train_on_input:  # torchtune's train_on_input; TRL SFTTrainer with completion_only_loss off
             pieces = [(text, True) for text, _ in pieces]
         return self._row(*self._tokens(pieces, where, wrap=wrap), pad=not self.pack)

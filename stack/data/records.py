@@ -45,11 +45,14 @@ def text_pieces(record: dict[str, Any], where: str) -> Pieces:
     return [(_string(record, "text", where, "text"), True)]
 
 
-def sft_pieces(record: dict[str, Any], where: str, template: Template) -> Pieces:
+def sft_pieces(record: dict[str, Any], where: str, template: Template, train_on_input: bool = False) -> Pieces:
+    """The pieces of an sft record; a conversation without an assistant turn is learnable only with
+    `train_on_input` (every token carries loss: TRL SFTTrainer with assistant_only_loss off)."""
     if "messages" in record:
         pieces = template.render(check_messages(record["messages"], where, "messages"), where=where)
-        if not any(loss for _, loss in pieces):
-            raise DataError(f"{where}: 'messages' has no assistant turn to learn from.")
+        if not train_on_input and not any(loss for _, loss in pieces):
+            raise DataError(f"{where}: 'messages' has no assistant turn to learn from (with "
+                            "data.train_on_input=true every token of it would be).")
         return pieces
     if "prompt" not in record and "completion" not in record:
         text = " A record of plain 'text' (every token carries loss, TRL's language-modeling format) " \

@@ -52,6 +52,16 @@ def test_sft_learns_the_completion_only_unless_train_on_input():
     assert real == len("system: S\nuser: hi\nassistant: yo") + 1
 
 
+def test_a_conversation_without_an_assistant_turn_is_learned_only_with_train_on_input():
+    """Every token of it carries loss under train_on_input (TRL SFTTrainer, assistant_only_loss
+    off); without, nothing would: refused, naming the record and the key that would take it."""
+    record = {"messages": CHAT[:2], "_where": "c.jsonl:7"}  # "system: S\nuser: hi\n": 19 characters
+    row = Encoder("sft", TOK, "simple", 24, "keep_start", train_on_input=True)(record)
+    assert row["loss_mask"].tolist() == [1] * 20 + [0] * 4  # the 19 characters and EOS
+    with pytest.raises(DataError, match=r"^c\.jsonl:7: 'messages' has no assistant turn .*data\.train_on_input=true"):
+        Encoder("sft", TOK, "simple", 24, "keep_start")(record)
+
+
 def test_a_text_record_read_as_sft_points_to_the_text_kind():
     with pytest.raises(DataError, match=r"t\.jsonl:3: an sft record needs .* keys: \['text'\]\. .* data\.kind=text"):
         Encoder("sft", TOK, "simple", 8, "keep_start")({"text": "abc", "_where": "t.jsonl:3"})
