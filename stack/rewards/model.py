@@ -122,7 +122,7 @@ def score_texts(path: str, prompts: list[str], completions: list[str]) -> np.nda
     pair's side; `path`: an algorithm=rm run's checkpoints or `hf:DIR` (TRL RewardTrainer's output)."""
     from stack.data.encode import Encoder
 
-    reward = ModelReward(path, key="--score scores with a reward model; its checkpoints")
+    reward = ModelReward(path, key="--score's reward model (an algorithm=rm run's checkpoints or a HF dir)")
     tokenizer, model_cfg = reward.reader()
     scorer = reward.load(policy_cfg=model_cfg)
     # plain-text pairs are BOS, prompt, completion, EOS: no chat template renders them

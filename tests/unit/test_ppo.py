@@ -204,8 +204,8 @@ def test_a_reward_model_dir_must_hold_a_reward_model(tmp_path):
     (tmp_path / "config.yaml").write_text("algorithm:\n  name: sft\n")
     with pytest.raises(ConfigError, match="written by algorithm='sft', not a reward model"):
         ModelReward(str(tmp_path / "checkpoints")).load()
-    with pytest.raises(ConfigError, match="^--score scores with a reward model; its checkpoints='.*' was written by "
-                                          "algorithm='sft'"):  # stack.generate --score: no reward.init_from key
+    with pytest.raises(ConfigError, match=r"^--score's reward model \(an algorithm=rm run's checkpoints or a HF "
+                                          r"dir\)='.*' was written by algorithm='sft'"):  # no reward.init_from key
         score_texts(str(tmp_path / "checkpoints"), ["1+2="], ["3"])
 
 
