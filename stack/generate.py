@@ -15,7 +15,6 @@ an open assistant turn, as GRPO prompts are (HF apply_chat_template, add_generat
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -26,26 +25,21 @@ def load(path: str, chat: bool = False):
     """(model, tokenizer, max_seq_len, chat template: (data.chat_template, data.tokenizer) or None)
     of a checkpoints dir or a HF Llama dir; `chat`: a HF dir without tokenizer.json is refused
     before its weights are read."""
-    from omegaconf import OmegaConf
-
-    from stack.data.tokenizers import ByteTokenizer, make_tokenizer
-    from stack.schema.model import ModelConfig
+    from stack.data.tokenizers import dir_tokenizer, make_tokenizer
 
     if os.path.isfile(os.path.join(path, "config.json")):
         from stack.models.hf import load_hf_weights
-        from stack.models.hf_config import hf_config_to_model
+        from stack.models.hf_config import hf_model_config
         from stack.models.init import abstract_model
 
-        with open(os.path.join(path, "config.json")) as f:
-            cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(json.load(f)))
+        cfg = hf_model_config(path)
         has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
         if chat and not has_tokenizer:
             raise ConfigError(f"--chat: {path!r} has no tokenizer.json, so no chat template to render the "
                               "prompts with; pass each prompt already formatted, without --chat.")
         model = abstract_model(cfg)
         load_hf_weights(model, cfg, path)
-        tokenizer = make_tokenizer(path) if has_tokenizer else ByteTokenizer()
-        return model, tokenizer, cfg.max_seq_len, ("tokenizer", path) if has_tokenizer else None
+        return model, dir_tokenizer(path), cfg.max_seq_len, ("tokenizer", path) if has_tokenizer else None
     from stack.policy import load_policy
     from stack.saved_params import checkpoints_of
 

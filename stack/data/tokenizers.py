@@ -132,6 +132,11 @@ def make_tokenizer(spec: str) -> Tokenizer:
                           "corrupt or of another kind: re-export it, or use 'byte' (built in).") from None
 
 
+def dir_tokenizer(root: str) -> Tokenizer:
+    """The tokenizer of a Hugging Face model dir: its tokenizer.json, else the byte tokenizer."""
+    return make_tokenizer(root) if os.path.isfile(os.path.join(root, "tokenizer.json")) else ByteTokenizer()
+
+
 def _model_specials(tok: Tokenizer, root: str) -> Tokenizer:
     """In a Hugging Face model dir, the bos/eos ids of its config.json win over the names found
     (a list of eos ids, as Llama 3 Instruct writes: its first)."""

@@ -36,6 +36,16 @@ def read_config(root: str) -> dict:
         raise ConfigError(f"cannot read the Hugging Face config.json in {root!r}: {e}") from None
 
 
+def hf_model_config(root: str, reward: bool = False) -> DictConfig:
+    """The `model` config of a HF Llama dir (`root` may carry `hf:`): the ModelConfig schema with
+    the fields its config.json implies (`reward`: of a LlamaForSequenceClassification)."""
+    from omegaconf import OmegaConf
+
+    from stack.schema.model import ModelConfig
+
+    return OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(read_config(root), reward))
+
+
 def _check_llama(hf: dict, reward: bool = False) -> None:
     """Reject configs of models other than a bias-free SiLU LlamaForCausalLM (`reward`: a
     LlamaForSequenceClassification with one label, TRL's reward model)."""

@@ -11,7 +11,6 @@ plain-text preference pair's side (BOS, the prompt, the completion, EOS):
     score_texts("hf:path/to/trl_reward_model", ["copy abc="], ["abc"])
 """
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,18 +64,13 @@ class ModelReward:
     def reader(self) -> tuple[Any, DictConfig]:
         """The tokenizer and `model` config it reads text with: its run's, or for `hf:DIR` the dir's
         `config.json` and `tokenizer.json` (the byte tokenizer without one, as stack.generate)."""
-        from stack.data.tokenizers import ByteTokenizer, make_tokenizer
+        from stack.data.tokenizers import dir_tokenizer, make_tokenizer
+        from stack.models.hf_config import hf_model_config
 
-        if not self.init_from.startswith("hf:"):
-            cfg = self.run_config()
-            return make_tokenizer(cfg.data.tokenizer), cfg.model
-        from stack.models.hf_config import hf_config_to_model, read_config
-        from stack.schema.model import ModelConfig
-
-        root = self.init_from.removeprefix("hf:")
-        model = OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(read_config(root), reward=True))
-        has_tokenizer = os.path.isfile(os.path.join(root, "tokenizer.json"))
-        return make_tokenizer(root) if has_tokenizer else ByteTokenizer(), model
+        if self.init_from.startswith("hf:"):
+            return dir_tokenizer(self.init_from.removeprefix("hf:")), hf_model_config(self.init_from, reward=True)
+        cfg = self.run_config()
+        return make_tokenizer(cfg.data.tokenizer), cfg.model
 
     def close(self) -> None:
         """The rule functions' workers (the reward model lives in the run's frozen modules)."""
