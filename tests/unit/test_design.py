@@ -50,3 +50,14 @@ def test_every_package_ships_in_the_wheel():
     listed = set(tomllib.loads((STACK.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(STACK.parent).parts) for p in STACK.rglob("__init__.py")}
     assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages"
+
+
+def test_python_3_11_gets_an_ml_dtypes_that_imports_fast():
+    """pyproject keeps Python 3.11 (numpy 2.4) on ml_dtypes < 0.7: that pair takes ~1 s to import, in
+    every process that imports jax (see the pin's comment); 0.6.0 takes 0.01 s. Python >= 3.12
+    resolves numpy >= 2.5, with which ml_dtypes 0.7 imports fast."""
+    import sys
+    from importlib.metadata import version
+
+    ml_dtypes = tuple(map(int, version("ml_dtypes").split(".")[:2]))
+    assert sys.version_info >= (3, 12) or ml_dtypes < (0, 7), f"ml_dtypes {ml_dtypes}: reinstall (pip install -e .)"
