@@ -1,5 +1,6 @@
 """Shared test scaffolding: composing configs, the shrink overrides, reading metrics.jsonl,
-fake devices, capturing logged rows, running the CLI (integration tests only)."""
+fake devices, capturing logged rows, running the CLI (integration tests only), the bench
+scripts on the import path."""
 
 import functools
 import json
@@ -18,6 +19,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # xdist workers and every subprocess inherit it): most tests compile the same tiny programs.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "stack-tests-xla-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# The bench scripts import each other as top-level modules (`from rows import emit`), as they do run
+# as scripts from bench/: tests of their helpers import them the same way.
+sys.path.append(os.path.join(REPO, "bench"))
 
 # Few steps, one small eval, metrics.jsonl only: the shrink every test run starts from.
 QUICK = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl",

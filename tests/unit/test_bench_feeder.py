@@ -3,16 +3,12 @@ protocol: bench/dpo_step.py and bench/tunix_dpo.py run the real trainer on it, a
 precomputed reference columns (a protocol change once made that bench crash unnoticed)."""
 
 import math
-import os
-import sys
 from dataclasses import replace
 
 import pytest
+from step_overhead import Capture, Fixed, experiment, fresh  # bench/, on the path by conftest.py
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # the scripts' own imports
-from step_overhead import Capture, Fixed, experiment, fresh  # noqa: E402
-
-from stack.trainer import Trainer  # noqa: E402
+from stack.trainer import Trainer
 
 
 @pytest.mark.parametrize("precompute", [False, True])
