@@ -10,7 +10,8 @@ Printed: the median wall seconds of each and their ratio (goal <= 0.65), and the
 jobs' training alone allows: a job's steady tokens/s (its logged windows after the first, the
 median over jobs) with the basic launcher / twice that of a joblib job. A tiny job keeps more than
 one core busy (the loop dispatches while XLA computes), so a job pinned to one of 2 cores trains
-slower than a job alone on both, and that ratio is the floor of the sweep's on this machine.
+slower than a job alone on both, and that ratio bounds what running two at once saves of the
+training. Start-up, composition and tracing are one-threaded: short jobs can beat the bound.
 """
 
 import argparse
