@@ -71,7 +71,7 @@ def main() -> None:
         for times, extra in order:
             times.append(sweep(root, args.steps, [*grid, *extra], env))
         print(f"  trial {trial}: basic {basic[-1][0]:.1f}s, joblib {joblib[-1][0]:.1f}s", flush=True)
-    (b, b_tok), (j, j_tok) = (tuple(statistics.median(x) for x in zip(*runs)) for runs in (basic, joblib))
+    (b, b_tok), (j, j_tok) = (tuple(statistics.median(x) for x in zip(*runs, strict=True)) for runs in (basic, joblib))
     print(f"4-job sweep on {os.cpu_count()} cores: basic launcher {b:.1f}s, joblib n_jobs=2 {j:.1f}s, "
           f"ratio {j / b:.2f} (goal <= 0.65); a job trains at {b_tok:,.0f} tok/s alone, {j_tok:,.0f} two at a "
           f"time: training alone allows {b_tok / (2 * j_tok):.2f}")

@@ -133,7 +133,7 @@ def tunix_inputs(batch: dict[str, Any]) -> dict[str, np.ndarray]:
     inputs, targets, mask = (np.asarray(batch[k]) for k in ("inputs", "targets", "loss_mask"))
     first = mask.argmax(-1)  # [B, 2]: the position whose target is the first completion token
     prompts = [inputs[b, 0, :f + 1] for b, f in enumerate(first[:, 0])]
-    assert all((inputs[b, 1, :f + 1] == p).all() for b, (p, f) in enumerate(zip(prompts, first[:, 1]))), \
+    assert all((inputs[b, 1, :f + 1] == p).all() for b, (p, f) in enumerate(zip(prompts, first[:, 1], strict=True))), \
         "chosen and rejected rows of a pair must share the prompt"
     completions = [[targets[b, s][mask[b, s] > 0] for b in range(len(inputs))] for s in (0, 1)]
     width = inputs.shape[-1]

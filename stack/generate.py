@@ -89,7 +89,7 @@ def sample(model, tokenizer, encoded: list[list[int]], args: argparse.Namespace,
                  (tokenizer.eos_id,), tokenizer.pad_id)
     out = nnx.jit(lambda m, i, k, key: generate(m, i, k, key, s))(model, ids, mask, keys)
     tokens, keep = np.asarray(out.tokens), np.asarray(out.mask) > 0
-    texts = [tokenizer.decode([t for t, k in zip(row, m) if k and t != tokenizer.eos_id]) for row, m in zip(tokens, keep)]
+    texts = [tokenizer.decode(row[m & (row != tokenizer.eos_id)].tolist()) for row, m in zip(tokens, keep, strict=True)]
     return [texts[i * args.num_samples:(i + 1) * args.num_samples] for i in range(len(encoded))]
 
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             path = f"hf:{args.path}" if os.path.isfile(os.path.join(args.path, "config.json")) else args.path
             pairs = [(p, c) for p in args.prompt for c in args.score]
             scores = score_texts(path, [p for p, _ in pairs], [c for _, c in pairs])
-            for (prompt, completion), score in zip(pairs, scores):
+            for (prompt, completion), score in zip(pairs, scores, strict=True):
                 print(f"{score:.4f}\t{prompt}{completion}")
             return
         model, tokenizer, limit, template = load(args.path, args.chat)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    for prompt, texts in zip(args.prompt, completions):
+    for prompt, texts in zip(args.prompt, completions, strict=True):
         for text in texts:
             print(f"{prompt}{text}")
 

@@ -151,8 +151,8 @@ def check_layout(mesh: Mesh, rules: tuple[tuple[str, Any], ...], abstract_model:
             f"{_axes(table.get('batch'))} of size {size} (mesh {dict(mesh.shape)})."
         )
     for path, var in nnx.to_flat_state(nnx.state(abstract_model, nnx.Param)):
-        names = var.get_metadata().get("out_sharding") or ()
-        for dim, name in zip(var.get_value().shape, names):
+        names = var.get_metadata().get("out_sharding") or ()  # none: nothing of it is sharded
+        for dim, name in zip(var.get_value().shape, names, strict=False):
             size = axis_size(mesh, table.get(name))
             if dim % size:
                 raise ConfigError(

@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         rows = [("recipe", "algorithm", "model", "hardware", "runtime"), *catalogue()]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4] for r in rows))
+        print("\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows))
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def run_trials(study: Any, space: dict[str, Any], fixed: list[str], launch: Any,
     while done < n_trials:
         trials = [study.ask(space) for _ in range(min(n_jobs, n_trials - done))]
         batch = [fixed + [f"{k}={v}" for k, v in t.params.items()] for t in trials]
-        for trial, job in zip(trials, launch(batch, initial_job_idx=trials[0].number)):
+        for trial, job in zip(trials, launch(batch, initial_job_idx=trials[0].number), strict=True):
             value = trial_value(job)
             if value is None:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)

@@ -104,7 +104,8 @@ class DPO:
                                  trl_compat)
         self.label_smoothing = label_smoothing
         # the chosen-NLL weight: sft_weight plus the weights of `sft` entries
-        self.sft_weight = sft_weight + sum(w for t, w in zip(self.loss_types, self.loss_weights) if t == "sft")
+        self.sft_weight = sft_weight + sum(w for t, w in zip(self.loss_types, self.loss_weights, strict=True)
+                                           if t == "sft")
         self.normalised_rewards = self.loss_types == ("ipo",) and not trl_compat
         self.reference = Reference((reference or {}).get("init_from"))
         self.precomputes = precompute_reference

@@ -204,7 +204,7 @@ def pair_losses(x: Pairs, p: LossParams, loss_types: Sequence[str],
     if len(weights) != len(loss_types):
         raise ValueError(f"{len(weights)} loss weights for {len(loss_types)} loss types {list(loss_types)}")
     total = None
-    for name, weight in zip(loss_types, weights):
+    for name, weight in zip(loss_types, weights, strict=True):
         if name == "sft":
             continue
         if name not in LOSSES:

@@ -122,7 +122,7 @@ def score_texts(path: str, prompts: list[str], completions: list[str]) -> np.nda
     # plain-text pairs are BOS, prompt, completion, EOS: no chat template renders them
     encoder = Encoder("preference", tokenizer, "simple", model_cfg.max_seq_len - 1, "keep_end")
     rows = [encoder.encode({"prompt": p, "chosen": c, "rejected": c}, f"text {i}")
-            for i, (p, c) in enumerate(zip(prompts, completions))]
+            for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     width = 2 + max(int(r["segment_ids"][0].sum()) for r in rows)  # the longest sequence, padded
     tokens, segments = pair_rows({k: jnp.asarray(np.stack([r[k] for r in rows])[..., :width - 1])
                                   for k in ("inputs", "targets", "segment_ids")})

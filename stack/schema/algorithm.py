@@ -102,7 +102,7 @@ def dpo_loss_types(value: Any) -> list[str]:
     else:
         raise ConfigError(f"'algorithm.loss_type'={short(repr(value))}: expected a loss type or a non-empty list "
                           f"of them, e.g. [sigmoid,bco_pair]; available: {', '.join(DPOConfig.loss_types)}.")
-    for key, name in zip(keys, names):
+    for key, name in zip(keys, names, strict=True):
         if name not in DPOConfig.loss_types:
             raise bad_choice(key, name, DPOConfig.loss_types)
     return names

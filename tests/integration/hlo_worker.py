@@ -1,6 +1,7 @@
 """Run by test_meshes.py with 8 fake CPU devices: the train step that `mode=compile` lowers
 (abstract inputs) and the one training lowers (the real state and round) as StableHLO text."""
 
+import itertools
 import json
 import sys
 import tempfile
@@ -26,7 +27,7 @@ def main(overrides: list[str]) -> None:
         xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
         text_train = run.programs.update.lower(run.state, run.frozen, xp, 0).as_text()
     trainer.feed.close()
-    lines = list(zip(text_compile.splitlines(), text_train.splitlines()))
+    lines = list(itertools.zip_longest(text_compile.splitlines(), text_train.splitlines()))  # an extra line differs too
     diff = [pair for pair in lines if pair[0] != pair[1]][:3]
     print(json.dumps({"devices": jax.device_count(), "equal": text_compile == text_train, "diff": diff,
                       "lines": len(lines)}))

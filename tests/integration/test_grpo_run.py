@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import read_metrics, run_cli
 from tests.integration.test_resume import kill_at_step_and_rerun
 
-PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23))]
+PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23), strict=True)]
 
 
 def args(tmp_path, run_dir):

@@ -64,7 +64,7 @@ def test_generate_from_a_checkpoint_and_from_its_hf_export_match_transformers(tm
     assert generate_cli(out, *prompts, "--greedy", "--max-new-tokens", "5").stdout == ours.stdout
     theirs = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     lines = ours.stdout.splitlines()
-    for prompt, line in zip(("12+7=", "3+45="), lines):
+    for prompt, line in zip(("12+7=", "3+45="), lines, strict=True):
         ids = torch.tensor([[1] + [b + 3 for b in prompt.encode()]])  # BOS, then bytes (ByteTokenizer)
         want = theirs.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=2, pad_token_id=0)[0, ids.shape[1]:]
         text = bytes(t - 3 for t in want.tolist() if 3 <= t < 259).decode(errors="replace")

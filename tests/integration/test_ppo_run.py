@@ -19,7 +19,7 @@ from stack.step import split_models
 from tests.conftest import make_cfg, read_metrics, run_cli
 from tests.integration.test_resume import kill_at_step_and_rerun
 
-PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23))]
+PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23), strict=True)]
 
 
 def args(tmp_path, run_dir, *extra):
@@ -92,7 +92,7 @@ def test_reward_model_scores_ppo_completions_as_it_scores_text(tmp_path, capsys)
              "completion_mask": jnp.asarray((np.arange(4) <= np.array([len(t) for t in texts])[:, None]).astype(np.int32))}
         got = nnx.jit(model_scores)(frozen.reward_model, x)
     ids, pmask = np.asarray(x["prompt_ids"]), np.asarray(x["prompt_mask"])
-    prompts = [tok.decode(p[m > 0][1:].tolist()) for p, m in zip(ids, pmask)]  # without BOS
+    prompts = [tok.decode(p[m > 0][1:].tolist()) for p, m in zip(ids, pmask, strict=True)]  # without BOS
     np.testing.assert_allclose(np.asarray(got), score_texts(rm, prompts, texts), atol=1e-5)
     exported_head_scores_like_generate(rm, tmp_path / "hf", capsys)
     ppo = tmp_path / "ppo_run"  # and a whole run scored by it, through the CLI

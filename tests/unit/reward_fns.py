@@ -54,7 +54,7 @@ def schedule_failing_on_process_1(peak_value: float, **_):
 def fingerprint(prompts, completions, answer=None, **record):
     """A reward that differs for nearly every (prompt, completion, answer) triple: any misaligned
     row changes it."""
-    return [(len(p) * 7 + len(c) * 3 + int(a)) % 11 / 10 for p, c, a in zip(prompts, completions, answer)]
+    return [(len(p) * 7 + len(c) * 3 + int(a)) % 11 / 10 for p, c, a in zip(prompts, completions, answer, strict=True)]
 
 
 def schedule_nan_from(peak_value: float, nan_from: int = 30, **_):

@@ -61,3 +61,16 @@ def test_python_3_11_gets_an_ml_dtypes_that_imports_fast():
 
     ml_dtypes = tuple(map(int, version("ml_dtypes").split(".")[:2]))
     assert sys.version_info >= (3, 12) or ml_dtypes < (0, 7), f"ml_dtypes {ml_dtypes}: reinstall (pip install -e .)"
+
+
+def test_every_zip_says_whether_its_lengths_must_match():
+    """A plain zip() stops at the shortest input: a row, weight or result gone missing is dropped
+    silently. Each call in the code, the bench and the tests passes strict= (True: equal lengths)."""
+    root = STACK.parent
+    bare = [f"{path.relative_to(root)}:{node.lineno}"
+            for path in sorted([*root.joinpath("stack").rglob("*.py"), *root.joinpath("bench").rglob("*.py"),
+                                *root.joinpath("tests").rglob("*.py")])
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "zip"
+            and not any(k.arg == "strict" for k in node.keywords)]
+    assert not bare, f"zip() without strict= at {bare}"

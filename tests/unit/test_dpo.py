@@ -64,7 +64,7 @@ def hand_logps(logits, batch):
     flat_t = batch["targets"].reshape(-1, batch["targets"].shape[-1])
     flat_m = batch["loss_mask"].reshape(flat_t.shape)
     out = []
-    for row, (lg, tg, m) in enumerate(zip(logits.astype(np.float64), flat_t, flat_m)):
+    for row, (lg, tg, m) in enumerate(zip(logits.astype(np.float64), flat_t, flat_m, strict=True)):
         logz = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
         out.append(sum((lg[j, tg[j]] - logz[j]) for j in range(len(tg)) if m[j]))
     return np.array(out)

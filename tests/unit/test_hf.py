@@ -156,7 +156,8 @@ def test_export_loads_in_transformers(tie, scaling, dtype, tmp_path):
     assert max_diff(model, hf, tokens(1)) < 1e-4
     back = randomized(cfg, 5)  # and our loader reads the export (bf16 included) exactly
     load_hf_weights(back, cfg, str(out))
-    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(back, nnx.Param))):
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(back, nnx.Param)),
+                    strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -41,13 +41,13 @@ def test_columns_follow_their_record_through_shuffled_epochs(tmp_path):
     for _ in range(12):  # 96 rows: more than 2 epochs of 37 records
         batch = next(it)
         assert batch["tag"].shape == (8,)
-        for inputs, tag in zip(batch["inputs"], batch["tag"]):
+        for inputs, tag in zip(batch["inputs"], batch["tag"], strict=True):
             seen.append(record_id(inputs))
             assert tag == tags[seen[-1]]
     it.close()
     assert sorted(seen[:N]) == list(range(N)) and seen[:N] != sorted(seen[:N])  # shuffled, every record
 
-    indices, padded = zip(*batches.ordered())
+    indices, padded = zip(*batches.ordered(), strict=True)
     assert np.concatenate(indices).tolist() == list(range(N))  # every record once, in order
     assert [b["inputs"].shape[0] for b in padded] == [8] * 5
     assert [record_id(x) for x in padded[-1]["inputs"][:5]] == [32, 33, 34, 35, 36]

@@ -63,7 +63,7 @@ def test_chat_messages_loss_only_on_assistant():
                         {"role": "assistant", "content": "yo"}, {"role": "user", "content": "again"},
                         {"role": "assistant", "content": "ok"}]}
     row = Encoder("sft", tok, "simple", 64, "keep_start")(rec)
-    learned = tok.decode([t for t, m in zip(row["targets"], row["loss_mask"]) if m and t != tok.eos_id])
+    learned = tok.decode([t for t, m in zip(row["targets"], row["loss_mask"], strict=True) if m and t != tok.eos_id])
     assert learned == "yook"
     text = tok.decode(row["inputs"].tolist())
     assert text == "system: S\nuser: hi\nassistant: yo\nuser: again\nassistant: ok"
