@@ -20,6 +20,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "stack-tests-xla-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
+# The default tier (the mark expression of pyproject's addopts) mostly compiles tiny programs: it
+# compiles them with LLVM at -O0 (XLA:CPU's default is -O2; set in pytest_configure, before any test
+# module imports jax). XLA's HLO passes do not read the level (a DPO step's optimized HLO is the same
+# text); the machine code runs slower (a tiny step ~2x) and may differ in last bits, within the recipe
+# tolerances (expectations are recorded at -O2). On a fresh machine the tier took 809 s at -O2 and
+# 625-663 s at -O0; on a warm cache 429 and 471 s. The tiers of long runs (slow) and of other
+# backends' compilers (tpu_extra, gpu_extra) keep XLA's defaults.
+DEFAULT_TIER_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config):
+    addopts = config.getini("addopts")  # split as a command line is
+    if "-m" in addopts and config.option.markexpr == addopts[addopts.index("-m") + 1]:
+        if DEFAULT_TIER_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # an xdist worker inherits it
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DEFAULT_TIER_XLA_FLAGS}".strip()
+
 # The bench scripts import each other as top-level modules (`from rows import emit`), as they do run
 # as scripts from bench/: tests of their helpers import them the same way.
 sys.path.append(os.path.join(REPO, "bench"))
@@ -49,8 +65,9 @@ def recipe_platforms() -> dict[str, str]:
 
 
 def fake_devices(n: int = 8) -> dict[str, str]:
-    """Environment of a subprocess whose jax sees `n` CPU devices."""
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    """Environment of a subprocess whose jax sees `n` CPU devices (the run's other XLA flags kept)."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    return {**os.environ, "XLA_FLAGS": " ".join([*kept, f"--xla_force_host_platform_device_count={n}"])}
 
 
 def make_cfg(overrides: list[str] = ()):
