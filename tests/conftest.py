@@ -30,7 +30,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 DEFAULT_TIER_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
-def pytest_configure(config):
+def pytest_configure(config: pytest.Config) -> None:
     addopts = config.getini("addopts")  # split as a command line is
     if "-m" in addopts and config.option.markexpr == addopts[addopts.index("-m") + 1]:
         if DEFAULT_TIER_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # an xdist worker inherits it
