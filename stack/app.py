@@ -6,10 +6,10 @@ paragraph; `HYDRA_FULL_ERROR=1` shows the full traceback instead.
 
 import argparse
 import os
-import re
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import hydra
@@ -17,15 +17,16 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 import stack.schema  # noqa: F401  (registers schemas before Hydra composes)
+from stack import hydra_run
 from stack.collector import frozen_imports
-from stack.errors import (ConfigError, RunDirRefused, RunFailed, bad_choice, null_refused, short, unknown_key,
-                          wrong_type)
+from stack.compose_errors import friendly_error
+from stack.errors import ConfigError, RunDirRefused, RunFailed, bad_choice, short
 from stack.launch_slurm import check_submit_host
 from stack.launcher import end_failed_rank, launcher_for, one_of_several
 from stack.jobstatus import FILE, REFUSED, write_status
@@ -105,49 +106,6 @@ def _parsed(overrides: list[str]) -> list[Override]:
     return parsed
 
 
-def friendly_error(exc: Exception, overrides: list[str]) -> ConfigError:
-    """Turn a Hydra/OmegaConf composition error into a one-paragraph ConfigError."""
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options:
-        group, _, name = exc.missing_cfg_file.rpartition("/")
-        return bad_choice(group, name, exc.options, what="option")
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
-        full_key = str(cause.full_key)
-        valid = getattr(getattr(cause, "object_type", None), "__dataclass_fields__", None)
-        if valid is None:  # a plain dict node (e.g. an optimizer.chain entry): its own keys
-            others = [o for o in overrides if full_key.replace("[", ".").replace("]", "") not in o]
-            try:
-                parent = OmegaConf.select(compose(config_name="config", overrides=others),
-                                          full_key.rpartition(".")[0], default=None)
-            except Exception:  # another override is bad too: report this one without the list
-                parent = None
-            valid = list(parent.keys()) if isinstance(parent, DictConfig) else []
-        return unknown_key(full_key, valid)
-    if isinstance(cause, ValidationError) and cause.full_key and "is not Optional" in str(cause):
-        return null_refused(str(cause.full_key), _takes(cause.parent_node, cause.key, cause.child_node))
-    if isinstance(cause, ValidationError) and cause.full_key:
-        key = str(cause.full_key)
-        value = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=")[0] == key), None)
-        m = re.search(r"converted to (\w+)", str(cause))
-        expected = m.group(1).lower() if m else str(cause).splitlines()[0]
-        return wrong_type(key, value, f"a value of type {expected}")
-    added = re.match(r"Could not override '([^']+)'\. No match in the defaults list\.\nTo append .* use (\S+)",
-                     str(exc))
-    if added:  # e.g. recipe=NAME: a group the defaults list does not hold is added with +
-        return ConfigError(f"{short(added[2][1:])}: '{added[1]}' is not a group of the default config, so it cannot be "
-                           f"overridden; add it with a plus: {short(added[2])}.")
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return ConfigError(f"Cannot compose the config with overrides {short(overrides, 300)}: {short(first, 300)}")
-
-
-def _takes(parent: Any, key: Any, node: Any) -> str:
-    """What a non-nullable schema key holds, for its error: a section's keys or a value's type."""
-    if isinstance(node, DictConfig):
-        return f"a section of settings; set its keys instead ({', '.join(map(str, node.keys()))})"
-    kind = OmegaConf.get_type(parent, key) if parent is not None else None
-    return f"a value of type {kind.__name__}" if isinstance(kind, type) else "a value"
-
-
 def _hydra_args(argv: list[str]) -> argparse.Namespace:
     """Hydra's reading of the command line (its flags: --cfg, --help, -m, ...)."""
     return hydra._internal.utils.get_args_parser().parse_args(last_wins(argv))
@@ -169,25 +127,49 @@ def preflight(argv: list[str]) -> DictConfig | None:
 
     Returns the first job's config (None for --help and the like).
     """
+    with initialize_config_module(CONFIG_MODULE, version_base=None):
+        return composed(argv)[0]
+
+
+def composed(argv: list[str]) -> tuple[DictConfig | None, DictConfig | None]:
+    """(the first job's config or None, as `preflight`; for a plain run, its whole config as Hydra
+    runs it, `hydra` node included (stack.hydra_run), else None). GlobalHydra is initialized."""
     args = _hydra_args(argv)
     _check_one_mode(args)
     if args.help or args.hydra_help or args.info or args.shell_completion:
-        return None
+        return None, None
     check_submit_host(args.overrides)
+    sets = _override_sets(args.overrides)
+    if _plain_run(args) and len(sets) == 1:  # one job: composed once, as Hydra runs it
+        whole, job_cfg = _checked(lambda: hydra_run.compose_run(args.overrides), args.overrides, hydra_run.job_part)
+        return job_cfg, whole
     cfg = None
-    with initialize_config_module(CONFIG_MODULE, version_base=None):
-        for overrides in _override_sets(args.overrides):
-            try:
-                job_cfg = compose(config_name=args.config_name or "config", overrides=overrides)
-                take_architecture(job_cfg, overrides)
-                validate(job_cfg)  # reads every value: a bad interpolation fails here
-            except (ConfigCompositionException, OmegaConfBaseException, AssertionError, TypeError, ValueError,
-                    OSError) as exc:
-                if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                    raise
-                raise friendly_error(exc, overrides) from exc
-            cfg = cfg or job_cfg
-    return cfg
+    for overrides in sets:
+        job_cfg = _checked(lambda: compose(config_name=args.config_name or "config", overrides=overrides), overrides)[1]
+        cfg = cfg or job_cfg
+    return cfg, None
+
+
+def _plain_run(args: argparse.Namespace) -> bool:
+    """A run of one job in this process, its config Hydra's default (what stack.hydra_run runs)."""
+    return not (args.multirun or args.cfg or args.config_name or args.config_path or args.config_dir
+                or args.experimental_rerun or any(o.lstrip("+~").startswith("hydra.mode") for o in args.overrides))
+
+
+def _checked(composed: Callable[[], DictConfig], overrides: list[str],
+             job: Callable[[DictConfig], DictConfig] = lambda cfg: cfg) -> tuple[DictConfig, DictConfig]:
+    """(`composed()`, its job part `job(...)`, validated); a composition or validation error is a ConfigError."""
+    try:
+        cfg = composed()
+        job_cfg = job(cfg)
+        take_architecture(job_cfg, overrides)
+        validate(job_cfg)  # reads every value: a bad interpolation fails here
+    except (ConfigCompositionException, OmegaConfBaseException, AssertionError, TypeError, ValueError,
+            OSError) as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        raise friendly_error(exc, overrides) from exc
+    return cfg, job_cfg
 
 
 def _run(cfg: DictConfig) -> Any:
@@ -213,8 +195,7 @@ def _tune_host() -> None:
     tune_host(hc.sweep.dir if n_jobs else "", n_jobs)
 
 
-@hydra.main(version_base=None, config_path="pkg://stack.conf", config_name="config")
-def hydra_task(cfg: DictConfig) -> Any:
+def task(cfg: DictConfig) -> Any:
     """One Hydra job. In a multirun a failing job is recorded and the sweep goes on."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
@@ -241,8 +222,12 @@ def hydra_task(cfg: DictConfig) -> Any:
         return None
 
 
+hydra_task = hydra.main(version_base=None, config_path="pkg://stack.conf", config_name="config")(task)
+
+
 def main() -> None:
-    """`python -m stack [overrides]`: preflight, then hand over to Hydra. Ctrl-C anywhere ends
+    """`python -m stack [overrides]`: preflight, then a plain run's job from the preflight's
+    composition (stack.hydra_run), anything else handed over to Hydra. Ctrl-C anywhere ends
     the process with one line and exit code 130 (in the loop, after the save it triggers); a
     failing rank of a multi-process job exits at once (`end_failed_rank`)."""
     sys.argv[1:] = last_wins(sys.argv[1:])  # what Hydra composes, too
@@ -266,16 +251,21 @@ def main() -> None:
 
 
 def _checked_and_run() -> None:
-    try:
-        cfg = preflight(sys.argv[1:])
-        launch = launcher_for(cfg, sys.argv[1:]) if cfg is not None else None
-    except ConfigError as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if launch is not None and not _hydra_args(sys.argv[1:]).cfg:  # --cfg: Hydra prints the config, nothing starts
-        sys.exit(launch())  # launcher=local / tpu_pod / xpk: this process only starts the job
+    argv = sys.argv[1:]
+    with initialize_config_module(CONFIG_MODULE, version_base=None):  # until a plain run's job ends
+        try:
+            cfg, whole = composed(argv)
+            launch = launcher_for(cfg, argv) if cfg is not None else None
+        except ConfigError as exc:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        if launch is not None and not _hydra_args(argv).cfg:  # --cfg: Hydra prints the config, nothing starts
+            sys.exit(launch())  # launcher=local / tpu_pod / xpk: this process only starts the job
+        if whole is not None:
+            hydra_run.run(whole, task)
+            return
     hydra_task()
     if FAILED_JOBS:
         print(f"{len(FAILED_JOBS)} job(s) failed:\n  " + "\n  ".join(FAILED_JOBS), file=sys.stderr)

@@ -32,7 +32,8 @@ def ptq_config(run: DictConfig, overrides: list[str]) -> DictConfig:
     """The run's config with the overrides: `group=option` replaces the group, `a.b=v` a key."""
     from hydra import compose, initialize_config_module
 
-    from stack.app import CONFIG_MODULE, friendly_error
+    from stack.app import CONFIG_MODULE
+    from stack.compose_errors import friendly_error
     from stack.quant.config import check_config, is_post_training
 
     try:

@@ -1,0 +1,42 @@
+"""A plain run is composed once (stack.hydra_run): the preflight's composition is the config Hydra
+runs, and its job runs as `@hydra.main`'s would (its run dir, HydraConfig, mode RUN)."""
+
+from hydra import compose, initialize_config_module
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from stack import app, hydra_run
+
+
+def test_a_plain_run_is_composed_once_and_runs_as_hydras_job(tmp_path, monkeypatch):
+    loads, load = [], ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **kw: loads.append(kw["overrides"]) or load(self, *a, **kw))
+    task_overrides = ["+recipe=llama_sft", "trainer.steps=3"]
+    seen = {}
+
+    def task(cfg):
+        hc = HydraConfig.get()
+        seen.update(steps=cfg.trainer.steps, hydra_node="hydra" in cfg, dir=hc.runtime.output_dir, mode=hc.mode,
+                    task=list(hc.overrides.task), job=hc.job.name)
+        return 7
+
+    with initialize_config_module(app.CONFIG_MODULE, version_base=None):
+        job, whole = app.composed([*task_overrides, f"hydra.run.dir={tmp_path}/run"])
+        assert hydra_run.run(whole, task) == 7
+        reference = compose("config", overrides=task_overrides)  # the compose API: the job part alone
+    assert len(loads) == 2  # the run's one composition, then the reference's
+    assert seen == {"steps": 3, "hydra_node": False, "dir": f"{tmp_path}/run", "mode": RunMode.RUN,
+                    "task": task_overrides, "job": "app"}
+    assert "hydra" not in job and OmegaConf.to_container(job) == OmegaConf.to_container(reference)
+    assert (tmp_path / "run").is_dir()
+
+
+def test_sweeps_and_shown_configs_are_left_to_hydra():
+    with initialize_config_module(app.CONFIG_MODULE, version_base=None):
+        for argv in (["-m", "seed=0,1"], ["seed=1", "--cfg", "job"], ["seed=1", "hydra.mode=MULTIRUN"]):
+            job, whole = app.composed(argv)
+            assert job.seed in (0, 1) and whole is None, argv
+        assert app.composed(["seed=1"])[1].hydra.mode == RunMode.RUN
