@@ -26,8 +26,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # text); the machine code runs slower (a tiny step ~2x) and may differ in last bits, within the recipe
 # tolerances (expectations are recorded at -O2). On a fresh machine the tier took 809 s at -O2 and
 # 625-663 s at -O0; on a warm cache 429 and 471 s. The tiers of long runs (slow) and of other
-# backends' compilers (tpu_extra, gpu_extra) keep XLA's defaults.
-DEFAULT_TIER_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# backends' compilers (tpu_extra, gpu_extra) keep XLA's defaults. Eigen's ops (the matmuls) run on the
+# calling thread: two xdist workers on two cores had them split over threads that contend for the
+# cores (a subset of 78 tests, warm cache: 56.4-57.8 s -> 52.0-54.1 s).
+DEFAULT_TIER_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
 
 
 def pytest_configure(config: pytest.Config) -> None:
