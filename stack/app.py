@@ -16,7 +16,7 @@ import hydra
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -122,6 +122,21 @@ def _check_one_mode(args: argparse.Namespace) -> None:
                           f"{hint}.")
 
 
+def _check_sweep_has_m(args: argparse.Namespace) -> None:
+    """A sweep (key=a,b, range(), choice(), interval()) runs only with -m; Hydra's own error for one
+    without it ("Ambiguous value ...") took five lines."""
+    if args.multirun or any(o.lstrip("+~").startswith("hydra.mode") for o in args.overrides):
+        return
+    for o in _parsed(args.overrides):
+        if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
+            key, value = o.get_key_element(), short(o.input_line.split("=", 1)[1], 60)
+            forms = (f"; a list value is written in brackets ({key}=[{value}]), a string with commas quoted "
+                     f"(\"{key}='{value}'\")" if o.value_type == ValueType.SIMPLE_CHOICE_SWEEP else "")
+            raise ConfigError(f"The override {short(o.input_line)!r} is a sweep over values of '{key}', and a sweep "
+                              f"runs only with -m (--multirun): add -m to run one job per value, or give '{key}' "
+                              f"one value{forms}.")
+
+
 def preflight(argv: list[str]) -> DictConfig | None:
     """Compose and validate what `argv` asks for (each sweep value); raise ConfigError if bad.
 
@@ -138,6 +153,7 @@ def composed(argv: list[str]) -> tuple[DictConfig | None, DictConfig | None]:
     _check_one_mode(args)
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None, None
+    _check_sweep_has_m(args)
     check_submit_host(args.overrides)
     sets = _override_sets(args.overrides)
     if _plain_run(args) and len(sets) == 1:  # one job: composed once, as Hydra runs it

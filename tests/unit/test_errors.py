@@ -45,6 +45,18 @@ def test_a_sweep_and_a_config_print_cannot_be_combined():
     assert error_of(["-m", "seed=0,1", "--cfg", "job"]).startswith("-m (--multirun) and --cfg cannot be combined")
 
 
+def test_a_sweep_without_multirun_is_one_paragraph():
+    """Hydra's "Ambiguous value" message for key=a,b without -m took five lines; with -m (or
+    hydra.mode=MULTIRUN) the same overrides are a sweep."""
+    msg = error_of(["optimizer.lr=1e-4,3e-4", "seed=1"])
+    assert msg.startswith("The override 'optimizer.lr=1e-4,3e-4' is a sweep over values of 'optimizer.lr'")
+    assert "add -m" in msg and "optimizer.lr=[1e-4,3e-4]" in msg and "\"optimizer.lr='1e-4,3e-4'\"" in msg
+    msg = error_of(["seed=range(0,3)"])  # a function sweep: no list or string form to suggest
+    assert msg.endswith("add -m to run one job per value, or give 'seed' one value.")
+    assert preflight(["-m", "seed=0,1"]).seed == 0
+    assert preflight(["hydra.mode=MULTIRUN", "seed=0,1"]).seed == 0
+
+
 def test_hydra_dirs_are_checked_not_made(tmp_path):
     """preflight checks that hydra.run.dir / hydra.sweep.dir can be made; making them is Hydra's, when
     a job starts (`--cfg job` left an empty directory). An existing one is left alone."""
