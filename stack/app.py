@@ -272,6 +272,8 @@ def _checked_and_run() -> None:
         try:
             cfg, whole = composed(argv)
             launch = launcher_for(cfg, argv) if cfg is not None else None
+            if whole is not None and launch is None:  # this process runs the job
+                hydra_run.into_run_dir(whole, cfg, _hydra_args(argv).overrides)
         except ConfigError as exc:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise

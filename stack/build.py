@@ -1,6 +1,7 @@
 """Config -> objects. The only caller of `hydra.utils.instantiate` in the project.
 
-Order: hardware -> mesh -> algorithm -> data -> model -> quantization -> optimizer -> rewards -> loggers.
+Order: hardware -> mesh -> algorithm -> data -> quantization -> optimizer -> checkpoint (the resume point) ->
+model -> rewards -> loggers. Every check that needs no model comes before the model is built.
 """
 
 from collections.abc import Iterable, Sequence
@@ -164,20 +165,41 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     if not abstract and cfg.hardware.platform == "cpu" and jax.process_count() == 1:  # all of the state is here
         check_host_memory(cfg.model.name, nnx.state(shapes, nnx.Param), tx, quant.trainable is nnx.Param,
                           available_bytes())
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # params are born sharded
-        model = quant.apply(initial_model(cfg, abstract), abstract)
     flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
-    rewards = make_rewards(cfg.reward, tuple(cfg.allow_targets))
     if abstract:
+        model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
                           flops, 0.0, rewards=rewards)
-    checkpointer = Checkpointer(cfg, run_dir)
-    meta = checkpointer.latest_meta()  # a config the checkpoint refuses fails here, before the run dir is written
-    if meta is None:
-        check_not_completed(run_dir)
-    wandb_id = (meta or {}).get("wandb_id")  # a resumed run continues its wandb run
-    sinks = make_sinks(cfg, run_dir, group, name, wandb_id)
+    checkpointer, meta = resume_point(cfg, run_dir)  # before the model: a refused run costs no model init
+    try:
+        model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
+        sinks = make_sinks(cfg, run_dir, group, name, (meta or {}).get("wandb_id"))  # a resume continues its wandb run
+    except BaseException:
+        checkpointer.close()
+        raise
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
                       flops, peak_flops_per_device(cfg.hardware, machine_file("cpu_peak"), mesh.size),
                       sinks, checkpointer, wandb_id, rewards)
+
+
+def resume_point(cfg: DictConfig, run_dir: str) -> tuple[Checkpointer, dict[str, Any] | None]:
+    """The run's Checkpointer and the meta of the step it resumes from (None: a fresh start). A config
+    the checkpoint refuses, or a fresh start on top of a completed run, fails here: nothing is written."""
+    checkpointer = Checkpointer(cfg, run_dir)
+    try:
+        meta = checkpointer.latest_meta()
+        if meta is None:
+            check_not_completed(run_dir)
+    except BaseException:
+        checkpointer.close()
+        raise
+    return checkpointer, meta
+
+
+def _model_and_rewards(cfg: DictConfig, mesh: jax.sharding.Mesh, rules: tuple[tuple[str, Any], ...],
+                       quant: NoQuantization | Qat | Lora, abstract: bool) -> tuple[nnx.Module, Any]:
+    """The policy (quantization applied, params born sharded) and the `reward` group's objects."""
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+        model = quant.apply(initial_model(cfg, abstract), abstract)
+    return model, make_rewards(cfg.reward, tuple(cfg.allow_targets))

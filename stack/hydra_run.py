@@ -15,7 +15,9 @@ from hydra._internal.utils import run_and_report
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import run_job
 from hydra.types import HydraContext, RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, open_dict, read_write
+
+from stack.rundir import creatable
 
 CONFIG_NAME = "config"
 
@@ -26,6 +28,24 @@ def compose_run(overrides: list[str]) -> DictConfig:
     hydra = GlobalHydra.instance().hydra
     return hydra.compose_config(CONFIG_NAME, [*overrides, "hydra.mode=RUN"], run_mode=RunMode.RUN,
                                 with_log_configuration=True)
+
+
+def into_run_dir(cfg: DictConfig, job: DictConfig, overrides: list[str]) -> None:
+    """A training run given `run_dir=PATH` (and no `hydra.run.dir`/`hydra.output_subdir` of its own):
+    Hydra's job dir is PATH too, and Hydra writes nothing there: no `.hydra/` (the run writes its
+    config.yaml) and no `app.log` (its warnings are on the console), so nothing goes to `outputs/` and
+    a run refused there (stack.rundir) writes nothing. PATH is checked here, before Hydra makes it
+    (`run_dir` named in the error)."""
+    if job.mode != "train" or not job.run_dir or any(
+            o.lstrip("+~").startswith(("hydra.run.dir", "hydra.output_subdir")) for o in overrides):
+        return
+    creatable(job.run_dir, "run_dir")
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.run.dir, cfg.hydra.output_subdir = job.run_dir, None
+        log = cfg.hydra.job_logging
+        if log and "file" in (log.get("handlers") or {}):  # its app.log (warnings, on the console too)
+            del log.handlers["file"]
+            log.root.handlers = [h for h in log.root.get("handlers", []) if h != "file"]
 
 
 def job_part(cfg: DictConfig) -> DictConfig:

@@ -41,6 +41,17 @@ def test_a_completed_run_without_a_checkpoint_to_resume_is_not_started_over(tmp_
     assert (tmp_path / "metrics.jsonl").read_text() == rows
 
 
+def test_a_completed_run_is_refused_before_the_model_is_built(tmp_path):
+    """The refusal needs no model: a model source that would fail to load is never reached."""
+    write_status(str(tmp_path), "completed", step=2)
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", f"model.init_from=hf:{tmp_path}/no_such_hf_dir"])
+    with pytest.raises(ConfigError, match="holds a completed run"):
+        build(cfg, str(tmp_path))
+    (tmp_path / "status.json").unlink()  # the same config on a fresh dir fails on the model source
+    with pytest.raises(Exception, match="no_such_hf_dir"):
+        build(cfg, str(tmp_path))
+
+
 def test_a_run_resumed_at_its_last_step_says_there_is_nothing_to_train():
     s = Summary("completed", first_step=21, final_step=20, train={}, eval={"eval/loss": 4.71},
                 eval_history=((20, {"eval/loss": 4.71}),), perf={}, run_dir="/runs/a", checkpoint=None)
