@@ -170,8 +170,9 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
         model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
                           flops, 0.0, rewards=rewards)
-    checkpointer, meta = resume_point(cfg, run_dir)  # before the model: a refused run costs no model init
+    checkpointer = Checkpointer(cfg, run_dir)
     try:
+        meta = resume_meta(checkpointer, run_dir)  # before the model: a refused run costs no model init
         model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         sinks = make_sinks(cfg, run_dir, group, name, (meta or {}).get("wandb_id"))  # a resume continues its wandb run
     except BaseException:
@@ -183,18 +184,13 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
                       sinks, checkpointer, wandb_id, rewards)
 
 
-def resume_point(cfg: DictConfig, run_dir: str) -> tuple[Checkpointer, dict[str, Any] | None]:
-    """The run's Checkpointer and the meta of the step it resumes from (None: a fresh start). A config
-    the checkpoint refuses, or a fresh start on top of a completed run, fails here: nothing is written."""
-    checkpointer = Checkpointer(cfg, run_dir)
-    try:
-        meta = checkpointer.latest_meta()
-        if meta is None:
-            check_not_completed(run_dir)
-    except BaseException:
-        checkpointer.close()
-        raise
-    return checkpointer, meta
+def resume_meta(checkpointer: Checkpointer, run_dir: str) -> dict[str, Any] | None:
+    """The meta of the step the run resumes from (None: a fresh start). A config the checkpoint
+    refuses, or a fresh start on top of a completed run, fails here: nothing is written."""
+    meta = checkpointer.latest_meta()
+    if meta is None:
+        check_not_completed(run_dir)
+    return meta
 
 
 def _model_and_rewards(cfg: DictConfig, mesh: jax.sharding.Mesh, rules: tuple[tuple[str, Any], ...],

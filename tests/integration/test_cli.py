@@ -30,7 +30,7 @@ def test_20_step_run_writes_run_dir_and_learns(tmp_path):
     summary = [line for line in res.stdout.splitlines() if line.startswith("done:")]
     assert len(summary) == 1 and "20 steps" in summary[0] and str(run_dir) in summary[0]
     assert "\r" not in res.stdout, "progress bar drawn although stdout is not a TTY"
-    assert sorted(os.listdir(tmp_path)) == ["run"], "run_dir=PATH: Hydra's files go there too, no outputs/"
+    assert sorted(os.listdir(tmp_path)) == ["run"], "run_dir=PATH: no outputs/ dir"
     assert not (run_dir / ".hydra").exists() and not (run_dir / "app.log").exists()
 
 

@@ -48,7 +48,7 @@ def test_a_completed_run_is_refused_before_the_model_is_built(tmp_path):
     with pytest.raises(ConfigError, match="holds a completed run"):
         build(cfg, str(tmp_path))
     (tmp_path / "status.json").unlink()  # the same config on a fresh dir fails on the model source
-    with pytest.raises(Exception, match="no_such_hf_dir"):
+    with pytest.raises(ConfigError, match="no_such_hf_dir"):
         build(cfg, str(tmp_path))
 
 
