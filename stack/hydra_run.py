@@ -30,14 +30,18 @@ def compose_run(overrides: list[str]) -> DictConfig:
                                 with_log_configuration=True)
 
 
+def sets_job_dir(override: str) -> bool:
+    """Whether a command-line override sets Hydra's job dir or its `.hydra/` subdir."""
+    return override.lstrip("+~").startswith(("hydra.run.dir", "hydra.output_subdir"))
+
+
 def into_run_dir(cfg: DictConfig, job: DictConfig, overrides: list[str]) -> None:
     """A training run given `run_dir=PATH` (and no `hydra.run.dir`/`hydra.output_subdir` of its own):
     Hydra's job dir is PATH too, and Hydra writes nothing there: no `.hydra/` (the run writes its
     config.yaml) and no `app.log` (its warnings are on the console), so nothing goes to `outputs/` and
     a run refused there (stack.rundir) writes nothing. PATH is checked here, before Hydra makes it
     (`run_dir` named in the error)."""
-    if job.mode != "train" or not job.run_dir or any(
-            o.lstrip("+~").startswith(("hydra.run.dir", "hydra.output_subdir")) for o in overrides):
+    if job.mode != "train" or not job.run_dir or any(sets_job_dir(o) for o in overrides):
         return
     creatable(job.run_dir, "run_dir")
     with read_write(cfg.hydra), open_dict(cfg.hydra):

@@ -35,13 +35,16 @@ def test_two_processes_train_like_one(algorithm, tmp_path):
     args = RUNS[algorithm] + COMMON
     one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two"], str(tmp_path), env=fake_devices(4))
+    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two", f"hydra.run.dir={tmp_path}/elsewhere"], str(tmp_path),
+                  env=fake_devices(4))  # the ranks' job dir is the run dir
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 processes exited with [0, 0]" in two.stderr
     assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
     evals = [r["eval/loss"] for r in read_metrics(tmp_path / "two") if "eval/loss" in r]
     assert len(evals) == 2  # one writer: process 0 (rank 1's output is its log)
     assert "done: 6 steps" in (tmp_path / "two" / "rank1.log").read_text()
+    assert not {"app.log", "__main__.log", ".hydra"} & set(os.listdir(tmp_path / "two"))  # Hydra's files: none
+    assert sorted(os.listdir(tmp_path)) == ["one", "two"]  # nor under outputs/ or hydra.run.dir
     if algorithm == "sft":  # the path of a 2-task SLURM job (stack.launch_slurm), locally
         assert_submitit_two_tasks_train_like(tmp_path / "one", args, tmp_path)
 
@@ -92,7 +95,8 @@ def test_dpo_with_a_precomputed_reference_on_two_processes_trains_like_one(tmp_p
     gathers the reference log-probs of every record to both: 1 x 8's train and eval losses."""
     args = RUNS["dpo"] + COMMON + ["algorithm.precompute_reference=true", "trainer.eval_every=3"]
     one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
-    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two"], str(tmp_path), env=fake_devices(4))
+    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two", f"hydra.run.dir={tmp_path}/elsewhere"], str(tmp_path),
+                  env=fake_devices(4))  # the ranks' job dir is the run dir
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
     assert "precomputed ref_logps for" in two.stdout
     assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
