@@ -95,8 +95,7 @@ def test_dpo_with_a_precomputed_reference_on_two_processes_trains_like_one(tmp_p
     gathers the reference log-probs of every record to both: 1 x 8's train and eval losses."""
     args = RUNS["dpo"] + COMMON + ["algorithm.precompute_reference=true", "trainer.eval_every=3"]
     one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
-    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two", f"hydra.run.dir={tmp_path}/elsewhere"], str(tmp_path),
-                  env=fake_devices(4))  # the ranks' job dir is the run dir
+    two = run_cli(args + LOCAL + [f"run_dir={tmp_path}/two"], str(tmp_path), env=fake_devices(4))
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
     assert "precomputed ref_logps for" in two.stdout
     assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
