@@ -72,8 +72,10 @@ def free_port() -> int:
 def rank_command(argv: list[str], run_dir: str, mode: str) -> list[str]:
     """The command every rank runs: the user's arguments (less any `hydra.run.dir`), one run dir, no
     launcher. Hydra's job dir is the run dir: for training, as `run_dir=` alone makes it
-    (stack.hydra_run.into_run_dir: no `.hydra/`, no app.log); for another mode, by override."""
-    hydra = [] if mode == "train" else [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+    (stack.hydra_run.into_run_dir: no `.hydra/`, no app.log); for another mode, by overrides to the
+    same effect (its warnings on the console, rank i's in rank<i>.log)."""
+    hydra = [] if mode == "train" else [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
+                                        "~hydra.job_logging.handlers.file", "hydra.job_logging.root.handlers=[console]"]
     return [sys.executable, "-m", "stack", *[a for a in argv if not sets_job_dir(a)], f"run_dir={run_dir}",
             "launcher=none", *hydra]
 

@@ -114,6 +114,18 @@ def test_one_device_per_process_with_the_default_mesh(tmp_path):
     assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
 
 
+def test_mode_compile_on_two_processes_reports_from_both_and_leaves_no_hydra_files(tmp_path):
+    """mode=compile through launcher=local: both ranks compile the step over the 2-process mesh and
+    report; Hydra's job dir is the run dir, which gets no app.log (before: an empty one, appended to
+    by every rank) and no `.hydra/`."""
+    args = ["model=llama_tiny", "mode=compile", *LOCAL, f"run_dir={tmp_path}/run", f"hydra.run.dir={tmp_path}/elsewhere"]
+    res = run_cli(args, str(tmp_path), env=fake_devices(1))
+    assert res.returncode == 0 and "2 processes exited with [0, 0]" in res.stderr, res.stderr[-3000:]
+    assert "per device (train step)" in res.stdout
+    assert "per device (train step)" in (tmp_path / "run" / "rank1.log").read_text()
+    assert os.listdir(tmp_path / "run") == ["rank1.log"] and os.listdir(tmp_path) == ["run"]
+
+
 def test_a_failing_rank_stops_the_job(tmp_path):
     """Rank 1 raises at build while rank 0 waits for it in the first collective: rank 1 exits at
     once instead of at jax.distributed's shutdown barrier, so the launcher learns of it, stops
