@@ -36,12 +36,13 @@ def sets_job_dir(override: str) -> bool:
 
 
 def into_run_dir(cfg: DictConfig, job: DictConfig, overrides: list[str]) -> None:
-    """A training run given `run_dir=PATH` (and no `hydra.run.dir`/`hydra.output_subdir` of its own):
-    Hydra's job dir is PATH too, and Hydra writes nothing there: no `.hydra/` (the run writes its
-    config.yaml) and no `app.log` (its warnings are on the console), so nothing goes to `outputs/` and
-    a run refused there (stack.rundir) writes nothing. PATH is checked here, before Hydra makes it
-    (`run_dir` named in the error)."""
-    if job.mode != "train" or not job.run_dir or any(sets_job_dir(o) for o in overrides):
+    """A run given `run_dir=PATH` (and no `hydra.run.dir`/`hydra.output_subdir` of its own), in any
+    mode: Hydra's job dir is PATH too, and Hydra writes nothing there: no `.hydra/` (training writes
+    its config.yaml) and no `app.log` (its warnings are on the console), so nothing goes to
+    `outputs/`, a training run refused there (stack.rundir) writes nothing, and the ranks of
+    launcher=local, any mode, share PATH without a log file. PATH is checked here, before Hydra makes
+    it (`run_dir` named in the error)."""
+    if not job.run_dir or any(sets_job_dir(o) for o in overrides):
         return
     creatable(job.run_dir, "run_dir")
     with read_write(cfg.hydra), open_dict(cfg.hydra):

@@ -69,18 +69,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_command(argv: list[str], run_dir: str, mode: str) -> list[str]:
+def rank_command(argv: list[str], run_dir: str) -> list[str]:
     """The command every rank runs: the user's arguments (less any `hydra.run.dir`), one run dir, no
-    launcher. Hydra's job dir is the run dir: for training, as `run_dir=` alone makes it
-    (stack.hydra_run.into_run_dir: no `.hydra/`, no app.log); for another mode, by overrides to the
-    same effect (its warnings on the console, rank i's in rank<i>.log)."""
-    hydra = [] if mode == "train" else [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
-                                        "~hydra.job_logging.handlers.file", "hydra.job_logging.root.handlers=[console]"]
+    launcher. Hydra's job dir is then the run dir, as `run_dir=` alone makes it
+    (stack.hydra_run.into_run_dir: no `.hydra/`, no app.log)."""
     return [sys.executable, "-m", "stack", *[a for a in argv if not sets_job_dir(a)], f"run_dir={run_dir}",
-            "launcher=none", *hydra]
+            "launcher=none"]
 
 
-def start(launcher: Any, argv: list[str], run_dir: str, mode: str) -> list[subprocess.Popen]:
+def start(launcher: Any, argv: list[str], run_dir: str) -> list[subprocess.Popen]:
     """The N rank processes (rank 0 on this console, the others into rank<i>.log)."""
     port = launcher.port or free_port()
     os.makedirs(run_dir, exist_ok=True)
@@ -89,7 +86,7 @@ def start(launcher: Any, argv: list[str], run_dir: str, mode: str) -> list[subpr
         env = {**os.environ, "STACK_COORDINATOR": f"127.0.0.1:{port}",
                "STACK_NUM_PROCESSES": str(launcher.num_processes), "STACK_PROCESS_ID": str(rank)}
         out = None if rank == 0 else open(os.path.join(run_dir, f"rank{rank}.log"), "w")
-        procs.append(subprocess.Popen(rank_command(argv, run_dir, mode), env=env, stdout=out,
+        procs.append(subprocess.Popen(rank_command(argv, run_dir), env=env, stdout=out,
                                       stderr=subprocess.STDOUT if out else None,
                                       preexec_fn=partial(die_with, os.getpid())))
     return procs
@@ -139,10 +136,10 @@ def stop(procs: list[subprocess.Popen], grace: float) -> None:
         p.wait()
 
 
-def launch_local(launcher: Any, argv: list[str], run_dir: str, mode: str) -> int:
+def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
     """Run the N ranks to the end; Ctrl-C and SIGTERM go on to them (they stop at the same round,
     save and exit: stack.trainer.signals). The exit code of the job."""
-    procs = start(launcher, argv, run_dir, mode)
+    procs = start(launcher, argv, run_dir)
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, lambda signum, _: forward(procs, signum)) for sig in signals}
     try:
@@ -168,4 +165,4 @@ def launcher_for(cfg: Any, argv: list[str]) -> Callable[[], int] | None:
         raise ConfigError("'launcher'='local' runs one job on several processes, not a sweep (-m): "
                           "run each job of the sweep with its own command, or drop launcher= for a sweep.")
     run_dir = cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
-    return partial(launch_local, launcher, argv, run_dir, cfg.mode)
+    return partial(launch_local, launcher, argv, run_dir)

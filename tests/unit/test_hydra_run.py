@@ -40,3 +40,20 @@ def test_sweeps_and_shown_configs_are_left_to_hydra():
             job, whole = app.composed(argv)
             assert job.seed in (0, 1) and whole is None, argv
         assert app.composed(["seed=1"])[1].hydra.mode == RunMode.RUN
+
+
+def test_run_dir_is_hydras_job_dir_in_every_mode_with_no_log_file(tmp_path):
+    """`run_dir=PATH`, whatever the mode and Hydra's logging: Hydra's job dir is PATH, with no
+    `.hydra/` and no file handler (app.log); a user's own hydra.run.dir is left as given."""
+    with initialize_config_module(app.CONFIG_MODULE, version_base=None):
+        for extra in (["mode=train"], ["mode=compile"], ["mode=validate"], ["hydra/job_logging=disabled"]):
+            overrides = [*extra, f"run_dir={tmp_path}/run"]
+            job, whole = app.composed(overrides)
+            hydra_run.into_run_dir(whole, job, overrides)
+            logging = whole.hydra.job_logging
+            assert (whole.hydra.run.dir, whole.hydra.output_subdir) == (f"{tmp_path}/run", None), extra
+            assert "file" not in logging.get("handlers", {}) and "file" not in logging.get("root", {}).get("handlers", [])
+        overrides = ["mode=compile", f"run_dir={tmp_path}/run", f"hydra.run.dir={tmp_path}/mine"]
+        job, whole = app.composed(overrides)
+        hydra_run.into_run_dir(whole, job, overrides)
+        assert whole.hydra.run.dir == f"{tmp_path}/mine" and "file" in whole.hydra.job_logging.handlers
