@@ -28,6 +28,8 @@ from stack.models.hf import load_hf_weights
 from stack.models.init import abstract_model, init_model
 from stack.models.llama import unfuse
 from stack.parallel import check_layout, logical_rules, make_mesh
+from stack.precompile import Precompile
+from stack.precompile import start as start_precompile
 from stack.quant.providers import Lora, NoQuantization, Qat, make_quantization
 from stack.rundir import check_not_completed
 from stack.rewards import RewardRunner, make_rewards
@@ -59,6 +61,7 @@ class Experiment:
     checkpointer: Checkpointer | None = None  # None: shape-only (validate / compile)
     wandb_id: str | None = None
     rewards: RewardRunner | ModelReward | None = None  # the `reward` group (rule functions or a reward model)
+    precompiled: Precompile | None = None  # the first round's program, compiled during the model init
 
 
 def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -133,6 +136,19 @@ def eval_too_small(data: DictConfig, records: int) -> ConfigError:
                        f"data.batch_size={data.batch_size}; {fix} or lower data.batch_size.")
 
 
+def _splits(cfg: DictConfig, tokenizer: Tokenizer) -> tuple[Batches, tuple[dict[str, np.ndarray], ...]]:
+    """This process's shard of the train split, and its eval batches (`trainer.eval_batches`)."""
+    data_seed = cfg.seed + 1  # model init and data order draw from separate streams
+    shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+    batch_size = cfg.data.batch_size // jax.process_count()
+    train = Batches(cfg.data, tokenizer, "train", data_seed, batch_size, **shard)
+    eval_split = Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard)
+    evals = tuple(eval_split.take(cfg.trainer.eval_batches))
+    if not evals:
+        raise eval_too_small(cfg.data, eval_split.records)
+    return train, evals
+
+
 def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | None = None,
           abstract: bool = False, devices: Sequence[jax.Device] | None = None) -> Experiment:
     """Turn a validated config into an Experiment.
@@ -152,14 +168,7 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
             f"'model.vocab_size'={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
             f"({tokenizer.vocab_size} for data.tokenizer={cfg.data.tokenizer!r}); raise model.vocab_size."
         )
-    data_seed = cfg.seed + 1  # model init and data order draw from separate streams
-    shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
-    batch_size = cfg.data.batch_size // jax.process_count()
-    train = Batches(cfg.data, tokenizer, "train", data_seed, batch_size, **shard)
-    eval_split = Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard)
-    evals = tuple(eval_split.take(cfg.trainer.eval_batches))
-    if not evals:
-        raise eval_too_small(cfg.data, eval_split.records)
+    train, evals = _splits(cfg, tokenizer)
     quant = make_quantization(cfg.quantization, cfg.seed)
     tx, schedule = make_optimizer(cfg.optimizer)
     if not abstract and cfg.hardware.platform == "cpu" and jax.process_count() == 1:  # all of the state is here
@@ -173,6 +182,8 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     checkpointer = Checkpointer(cfg, run_dir)
     try:
         meta = resume_meta(checkpointer, run_dir)  # before the model: a refused run costs no model init
+        precompiled = start_precompile(Experiment(cfg, run_dir, mesh, rules, None, quant, tx, schedule, algorithm,
+                                                  tokenizer, train, evals, flops, 0.0), lambda: initial_model(cfg, True))
         model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         sinks = make_sinks(cfg, run_dir, group, name, (meta or {}).get("wandb_id"))  # a resume continues its wandb run
     except BaseException:
@@ -181,7 +192,7 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
                       flops, peak_flops_per_device(cfg.hardware, machine_file("cpu_peak"), mesh.size),
-                      sinks, checkpointer, wandb_id, rewards)
+                      sinks, checkpointer, wandb_id, rewards, precompiled)
 
 
 def resume_meta(checkpointer: Checkpointer, run_dir: str) -> dict[str, Any] | None:

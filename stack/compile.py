@@ -30,7 +30,7 @@ from stack.gpu_target import gpu_devices
 from stack.hardware import check_platform, train_flops_per_token
 from stack.parallel import batch_sharding, bytes_per_device
 from stack.quant.footprint import footprint
-from stack.step import Programs, TrainState, abstract_frozen, initial_state, make_programs, split_models
+from stack.step import Parts, Programs, TrainState, abstract_frozen, initial_state, make_programs, split_models
 
 GiB = 1024**3
 SINGLE_HOST_CHIPS = {"v5e": 8, "v6e": 8}  # largest one-host slice (v5litepod-8, v6e-8); others 4
@@ -100,6 +100,7 @@ def target_devices(hw: Any) -> list[jax.Device]:
 class AbstractRun:
     """A run's programs with shape-only inputs laid out as training lays them out."""
 
+    parts: Parts  # the shape-only models, split (stack.step.split_models)
     programs: Programs
     state: TrainState  # ShapeDtypeStructs with shardings
     frozen: Any
@@ -126,7 +127,7 @@ def abstract_run(exp: Experiment) -> AbstractRun:
     if exp.algorithm.precomputes:  # the columns ride with the data; no frozen modules in training
         batch, frozen = {**batch, **{k: v for k, v in xp.items() if k not in batch}}, None
     xp = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding), xp)
-    return AbstractRun(programs, state, frozen, batch, xp)
+    return AbstractRun(parts, programs, state, frozen, batch, xp)
 
 
 def program_report(lowered: Any) -> CompileReport:

@@ -176,7 +176,8 @@ class Trainer:
         exp = self.exp
         parts = self.parts = split_models(exp)
         state = initial_state(exp, parts)
-        programs = make_programs(exp, parts, state_shardings(exp, parts))
+        programs = exp.precompiled and exp.precompiled.programs(parts)  # compiled during the model init
+        programs = programs or make_programs(exp, parts, state_shardings(exp, parts))
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.saved())
         restored = exp.checkpointer.restore(target, columns=self.alg.precomputes) if exp.checkpointer else None
         if restored:

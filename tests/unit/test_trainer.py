@@ -138,11 +138,10 @@ def test_loop_syncs_only_at_logging_steps(tmp_path, monkeypatch):
 def test_each_program_compiles_once_with_grad_accum(tmp_path, caplog):
     cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=6", "trainer.grad_accum=2",
                            "trainer.log_every=2", "trainer.eval_every=3"])
-    exp = build(cfg, str(tmp_path))
-    jax.config.update("jax_log_compiles", True)
+    jax.config.update("jax_log_compiles", True)  # from the build on: the round's program compiles there (stack.precompile)
     try:
         with caplog.at_level(logging.WARNING):
-            train(exp)
+            train(build(cfg, str(tmp_path)))
     finally:
         jax.config.update("jax_log_compiles", False)
     compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]

@@ -1,0 +1,49 @@
+"""stack.precompile: the first round's program compiles beside the model init; the trainer's first
+step then compiles nothing, and trains bit for bit as programs made from the real model do."""
+
+import threading
+from dataclasses import replace
+
+import jax
+import numpy as np
+import pytest
+
+from stack.build import build
+from stack.trainer import Trainer
+from tests.conftest import QUICK, captured, make_cfg
+
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax's event around each XLA compile
+ROUND = {"sft": "update", "dpo": "collect_update"}
+
+
+def run(tmp_path, name: str, algorithm: str, precompiled: bool) -> tuple[list, list, object]:
+    """(rows, (thread, program) of each XLA compile during the run, final params)."""
+    (tmp_path / name).mkdir()
+    cfg = make_cfg([f"+recipe=llama_{algorithm}", "checkpoint=none", *QUICK, "trainer.steps=2",
+                    f"run_dir={tmp_path / name}"])
+    compiles = []
+    listener = lambda event, secs, fun_name="", **_: event == BACKEND_COMPILE and compiles.append(  # noqa: E731
+        (threading.current_thread().name, fun_name))
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        exp = build(cfg, str(tmp_path / name))
+        assert exp.precompiled is not None  # eligible: one process, no quantization, a one-program round
+        exp, cap = captured(exp if precompiled else replace(exp, precompiled=None))
+        trainer = Trainer(exp)
+        trainer.run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    rows = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in cap.rows]
+    return rows, compiles, jax.tree.map(np.asarray, trainer.state.params)
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "dpo"])
+def test_the_round_program_compiles_in_the_thread_only_and_trains_the_same(tmp_path, algorithm):
+    rows, compiles, params = run(tmp_path, "pre", algorithm, precompiled=True)
+    program = f"jit({ROUND[algorithm]})"
+    assert ("stack-precompile", program) in compiles, compiles
+    assert [c for c in compiles if c[1] == program] == [("stack-precompile", program)], compiles
+    rows_own, compiles_own, params_own = run(tmp_path, "own", algorithm, precompiled=False)
+    assert ("MainThread", program) in compiles_own  # the reference path does compile it itself
+    assert rows == rows_own and [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+    jax.tree.map(np.testing.assert_array_equal, params, params_own)
