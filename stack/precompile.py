@@ -21,6 +21,7 @@ where a genuine error is raised again.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -46,12 +47,14 @@ class Precompile:
         self._exp, self._policy = exp, policy
         self._programs: Programs | None = None
         self._graphs: tuple[Any, Any] | None = None
+        self.seconds = 0.0  # the thread's wall time: shape-only build, trace, lower, compile (or cache load)
         self._thread = threading.Thread(target=self._compile, name="stack-precompile")
         self._thread.start()
 
     def _compile(self) -> None:
         from stack.compile import abstract_run  # the trainer's programs for shape-only inputs
 
+        start = time.perf_counter()
         try:
             with jax.set_mesh(self._exp.mesh), nnx.logical_axis_rules(self._exp.rules):
                 exp = replace(self._exp, model=self._policy())
@@ -63,6 +66,7 @@ class Precompile:
         except Exception:  # noqa: BLE001  the trainer compiles on its own; a real error recurs there
             return
         self._programs, self._graphs = r.programs, (r.parts.graphdef, r.parts.frozen_graphdef)
+        self.seconds = time.perf_counter() - start
 
     def programs(self, parts: Parts) -> Programs | None:
         """The compiled programs if `parts` (the real model's) has the same graphs, else None."""

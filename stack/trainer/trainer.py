@@ -177,6 +177,7 @@ class Trainer:
         parts = self.parts = split_models(exp)
         state = initial_state(exp, parts)
         programs = exp.precompiled and exp.precompiled.programs(parts)  # compiled during the model init
+        compiled_before = exp.precompiled.seconds if programs else 0.0
         programs = programs or make_programs(exp, parts, state_shardings(exp, parts))
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.saved())
         restored = exp.checkpointer.restore(target, columns=self.alg.precomputes) if exp.checkpointer else None
@@ -185,7 +186,7 @@ class Trainer:
         step = restored.step if restored else 0
         evals = [global_batch([b], self.sharding) for b in exp.eval_batches]
         run = Run(exp, programs, state, parts.frozen, evals, first_step=step + 1, total_steps=exp.cfg.trainer.steps,
-                  step=step, synced=step)
+                  step=step, synced=step, perf={"precompile_seconds": compiled_before})
         if self.alg.precomputes:  # once per record, or read back; the frozen modules are dropped
             run.columns = restored.columns if restored else precompute_columns(exp, programs, state, parts.frozen)
             batches, evals = attach_columns(exp, run.columns)
