@@ -6,6 +6,7 @@ model -> rewards -> loggers. Every check that needs no model comes before the mo
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import jax
@@ -56,12 +57,17 @@ class Experiment:
     train_batches: Iterable[dict[str, np.ndarray]]
     eval_batches: tuple[dict[str, np.ndarray], ...]
     flops_per_token: float  # training FLOPs per token (stack.hardware, MaxText's formula)
-    peak_flops_per_device: float
     sinks: tuple[Sink, ...] = ()
     checkpointer: Checkpointer | None = None  # None: shape-only (validate / compile)
     wandb_id: str | None = None
     rewards: RewardRunner | ModelReward | None = None  # the `reward` group (rule functions or a reward model)
     precompiled: Precompile | None = None  # the first round's program, compiled during the model init
+
+    @cached_property
+    def peak_flops_per_device(self) -> float:
+        """MFU's denominator, on first use: on CPU the matmul probe (once per machine), which the
+        trainer asks for right after the first step (stack.trainer.metrics.PeakProbe)."""
+        return peak_flops_per_device(self.cfg.hardware, machine_file("cpu_peak"), self.mesh.size)
 
 
 def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -153,7 +159,7 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
           abstract: bool = False, devices: Sequence[jax.Device] | None = None) -> Experiment:
     """Turn a validated config into an Experiment.
 
-    `abstract`: shape-only model, no loggers, no peak probe. `devices`: lay the mesh out on
+    `abstract`: shape-only model, no loggers. `devices`: lay the mesh out on
     these (e.g. a TPU topology's devices for AOT compilation) instead of the local ones.
     """
     check_targets(cfg, tuple(cfg.allow_targets))  # each `_target_` judged by what it names, before any is built
@@ -178,12 +184,12 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     if abstract:
         model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                          flops, 0.0, rewards=rewards)
+                          flops, rewards=rewards)
     checkpointer = Checkpointer(cfg, run_dir)
     try:
         meta = resume_meta(checkpointer, run_dir)  # before the model: a refused run costs no model init
         precompiled = start_precompile(Experiment(cfg, run_dir, mesh, rules, None, quant, tx, schedule, algorithm,
-                                                  tokenizer, train, evals, flops, 0.0), lambda: initial_model(cfg, True))
+                                                  tokenizer, train, evals, flops), lambda: initial_model(cfg, True))
         model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         sinks = make_sinks(cfg, run_dir, group, name, (meta or {}).get("wandb_id"))  # a resume continues its wandb run
     except BaseException:
@@ -191,8 +197,7 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
         raise
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                      flops, peak_flops_per_device(cfg.hardware, machine_file("cpu_peak"), mesh.size),
-                      sinks, checkpointer, wandb_id, rewards, precompiled)
+                      flops, sinks, checkpointer, wandb_id, rewards, precompiled)
 
 
 def resume_meta(checkpointer: Checkpointer, run_dir: str) -> dict[str, Any] | None:

@@ -1,7 +1,6 @@
 """Helpers on whole modules: copy one, ask whether it is shape-only (mode=compile)."""
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 
@@ -12,18 +11,14 @@ def is_abstract(module: nnx.Module) -> bool:
 
 def copy_module(module: nnx.Module) -> nnx.Module:
     """A copy of `module` with its own arrays, each sharded as its original (other leaves, e.g.
-    shape-only ones, stay as they are). One jitted program copies them all: one compile, where a
-    `jnp.copy` per array compiled one program per distinct shape (tiny Llama: 8, 0.06-0.07 s against
-    0.016-0.026 s cold)."""
+    shape-only ones, stay as they are). `jax.device_put(..., may_alias=False)` copies every buffer
+    in the runtime, with no program to compile (a jitted copy took 0.016-0.026 s to compile alone
+    and 0.64 s beside stack.precompile's compile on 2 cores)."""
     graphdef, state = nnx.split(module)
     leaves, treedef = jax.tree.flatten(state)
     where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
-    if where:  # none when shape-only (mode=compile): nothing to run, on a backend that may not run
-        for i, copy in zip(where, _copies([leaves[i] for i in where]), strict=True):
+    if where:  # none when shape-only (mode=compile): nothing to copy, on a backend that may not run
+        copies = jax.device_put([leaves[i] for i in where], [leaves[i].sharding for i in where], may_alias=False)
+        for i, copy in zip(where, copies, strict=True):
             leaves[i] = copy
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-
-
-@jax.jit
-def _copies(arrays: list[jax.Array]) -> list[jax.Array]:
-    return [jnp.copy(x) for x in arrays]

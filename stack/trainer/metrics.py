@@ -1,4 +1,5 @@
-"""Metrics hooks: the logging window (means of the steps since the last log) and throughput/MFU."""
+"""Metrics hooks: the logging window (means of the steps since the last log), throughput/MFU and
+the peak MFU divides by."""
 
 import functools
 import time
@@ -129,3 +130,17 @@ class Throughput(Hook):
         if self.steady_steps:  # else the run's one step compiled: no rate (it was recorded as 0 tok/s)
             rates = self._rates(run, self.steady_steps, run.clock.now() - self.steady_start)
             run.perf.update({k: v for k, v in rates.items() if k != "perf/step_seconds"})
+
+
+class PeakProbe(Hook):
+    """Resolves the peak FLOP/s of MFU right after the first step (after Throughput, which waits for it):
+    on CPU, where stack.hardware.measure_cpu_peak probes a machine once, the probe then has the
+    cores to itself, neither in front of the first step nor beside stack.precompile's compile (which
+    cost it ~0.5 s of the first run's critical path and made the cached peak read low: 223 against
+    250-400 GFLOP/s alone). Its time is left out of the step time (a paused clock)."""
+
+    def after_step(self, run: Run, metrics: dict[str, jax.Array], row: dict[str, float]) -> None:
+        if run.step == run.first_step:
+            jax.block_until_ready(metrics)
+            with run.clock.paused():
+                run.perf["peak_flops_per_device"] = run.exp.peak_flops_per_device

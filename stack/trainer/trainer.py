@@ -35,7 +35,7 @@ from stack.trainer.checkpointing import Checkpointing
 from stack.trainer.context import COMPLETED, RUNNING, Hook, Run
 from stack.trainer.evaluation import Evaluation
 from stack.trainer.feed import Feed, Round
-from stack.trainer.metrics import MetricsLog, Throughput
+from stack.trainer.metrics import MetricsLog, PeakProbe, Throughput
 from stack.trainer.nonfinite import NonFinite
 from stack.trainer.profiler import Profiler
 from stack.trainer.signals import Signals
@@ -46,7 +46,7 @@ def default_hooks(exp, feed: Feed) -> list[Hook]:
     """The side concerns of a run, in the order they see each step."""
     t = exp.cfg.trainer
     guard = NonFinite(t.nan_policy)
-    hooks: list[Hook] = [MetricsLog(feed), Throughput(feed), guard,
+    hooks: list[Hook] = [MetricsLog(feed), Throughput(feed), PeakProbe(), guard,
                          Evaluation(t.eval_every), Signals()]
     if exp.checkpointer is not None:
         hooks.append(Checkpointing(exp.checkpointer, guard, exp.cfg.checkpoint.overlap))

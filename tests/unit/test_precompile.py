@@ -49,3 +49,24 @@ def test_the_round_program_compiles_in_the_thread_only_and_trains_the_same(tmp_p
     jax.tree.map(np.testing.assert_array_equal, params, params_own)
     # the run's compile time counts the thread's (the loop's own window no longer holds the compile)
     assert 0 < perf["precompile_seconds"] < perf["compile_seconds"] and perf_own["precompile_seconds"] == 0
+
+
+def test_the_cpu_peak_is_probed_once_after_the_first_step_with_the_cores_to_itself(tmp_path, monkeypatch):
+    """Not in build (in front of the first step), not beside the precompile thread's compile."""
+    from stack import hardware
+
+    probes = []
+
+    def probe(cache_file=None):
+        probes.append([t.name for t in threading.enumerate()])
+        return 4e10
+
+    monkeypatch.setattr(hardware, "measure_cpu_peak", probe)
+    cfg = make_cfg(["+recipe=llama_sft", "checkpoint=none", *QUICK, "trainer.steps=3", f"run_dir={tmp_path}"])
+    exp, cap = captured(build(cfg, str(tmp_path)))
+    assert probes == [] and exp.precompiled is not None
+    summary = Trainer(exp).run()
+    assert len(probes) == 1 and "stack-precompile" not in probes[0], probes
+    assert summary.perf["peak_flops_per_device"] == 4e10
+    row = cap.rows[-1]  # MFU = achieved FLOP/s / the probed peak
+    assert row["perf/mfu"] == pytest.approx(row["perf/tflops_per_device"] * 1e12 / 4e10, rel=1e-9)
