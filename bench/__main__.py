@@ -32,7 +32,7 @@ BENCHES = {
     "first_step": ([], ["--quick"], None),
     "sweep_parallel": ([], ["--quick"], None),
     "quant_step": ([], ["--quick"], None),
-    "aot_compile": ([], ["model=llama3_1b"], "libtpu"),
+    "aot_compile": ([], ["model=llama_small"], "libtpu"),  # quick: the TPU compile path, in seconds
     "tunix_grpo": ([], ["--trials", "1", "--rounds", "4", "--warmup", "1"], "tunix"),
     "tunix_dpo": ([], ["--trials", "1", "--steps", "32", "--warmup", "2"], "tunix"),
     "tunix_first_step": ([], ["--quick"], "tunix"),
@@ -43,6 +43,8 @@ TIMES_COMPILE = {"aot_compile", "first_step", "tunix_first_step"}  # no shared c
 def run(script: str, args: list[str], cache: str) -> tuple[list[dict], str]:
     """(rows, '' or why the bench failed) of one bench process; `cache`: the shared compilation cache."""
     env = dict(os.environ)
+    if BENCHES[script][2] != "libtpu":  # a CPU bench: no TPU plugin probe at each jax start where libtpu is installed
+        env.setdefault("JAX_PLATFORMS", "cpu")
     if script not in TIMES_COMPILE:
         env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     res = subprocess.run([sys.executable, os.path.join(HERE, f"{script}.py"), *args], capture_output=True, text=True,

@@ -122,7 +122,8 @@ def tunix_files(workdir: str) -> list[str]:
 def first_step(args: list[str], cwd: str, cache_root: str = "") -> float:
     """Seconds from starting `python -c ...args` to the FIRST_STEP line it prints; `cache_root`:
     stack's cache root (STACK_CACHE_DIR)."""
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": "", "STACK_CACHE_DIR": cache_root}
+    env = {"JAX_PLATFORMS": "cpu",  # both sides: no TPU plugin probe where libtpu is installed (stack sets it too)
+           **os.environ, "JAX_COMPILATION_CACHE_DIR": "", "STACK_CACHE_DIR": cache_root}
     start = time.time()
     out = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, env=env, cwd=cwd)
     lines = [line for line in out.stderr.splitlines() if line.startswith("FIRST_STEP ")]

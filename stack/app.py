@@ -196,6 +196,9 @@ def _run(cfg: DictConfig) -> Any:
         os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
         os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # their executables cannot be loaded back
     if cfg.hardware.platform == "cpu":
+        # no TPU/GPU plugin to initialise (libtpu, installed for mode=compile, probes for TPUs at
+        # every jax start otherwise: ~0.25 s and a page of errors on a machine without one)
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         _tune_host()
     with frozen_imports("stack.run"):  # jax is imported only here, after validation (stack.collector)
         from stack.run import run

@@ -7,7 +7,10 @@ alone for the slow 8B compile, ~4 min on 2 cores). The unmarked tests need no li
 """
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -94,6 +97,18 @@ def test_cli_mode_compile(tmp_path):
     assert "could not determine TPU" not in res.stderr  # libtpu loaded quietly
     res = run_cli(TINY_V5E + ["model=llama3_70b"], cwd=str(tmp_path))
     assert res.returncode == 1 and "does not fit" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
+@tpu_extra
+def test_a_cpu_run_beside_libtpu_initialises_no_tpu_backend(tmp_path):
+    """hardware=cpu sets JAX_PLATFORMS=cpu: libtpu, installed for mode=compile, would otherwise
+    probe for TPUs at the run's jax start (~0.25 s and a page of errors)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_PLATFORMS", "TPU_"))}
+    res = subprocess.run([sys.executable, "-m", "stack", "trainer.steps=2", "trainer.eval_batches=1", "checkpoint=none",
+                          f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "TPU" not in res.stderr and "libtpu" not in res.stderr, res.stderr[-3000:]
 
 
 @tpu_extra
