@@ -123,7 +123,8 @@ def assign_params(model: Any, saved: dict[str, Any], where: str, which: Any = No
             node = node[k]
         if isinstance(node, dict):  # format 1 kept each param's nnx Variable wrapper: {"value": array}
             node = node["value"]
-        if tuple(node.shape) != tuple(var.value.shape):
+        current = var.get_value()
+        if tuple(node.shape) != tuple(current.shape):
             raise ConfigError(f"Checkpoint {where}: param {'.'.join(map(str, keys))} has shape "
-                              f"{tuple(node.shape)}, the model expects {tuple(var.value.shape)}.")
-        var.value = jax.device_put(node.astype(var.value.dtype), var.value.sharding)
+                              f"{tuple(node.shape)}, the model expects {tuple(current.shape)}.")
+        var.set_value(jax.device_put(node.astype(current.dtype), current.sharding))

@@ -105,7 +105,7 @@ class Fixed:
 def test_loss_at_ratio_one_and_the_clipped_value_loss_by_hand():
     logps = np.array([[-1.0, -2.0, -0.5]], np.float32)
     head = ScalarHead(1)
-    head.kernel.value = jnp.ones((1, 1))  # value = the feature
+    head.kernel[...] = jnp.ones((1, 1))  # value = the feature
     vpred = np.array([[1.5, 0.1, 9.0]], np.float32)
     batch = {"prompt_ids": np.ones((1, 2), np.int32), "prompt_mask": np.ones((1, 2), np.int32),
              "completion": np.ones((1, 3), np.int32), "completion_mask": np.array([[1, 1, 0]], np.int32),

@@ -38,7 +38,7 @@ class FixedScores:
 
 def test_loss_and_metrics_of_two_pairs():
     head = ScalarHead(1)
-    head.kernel.value = jnp.ones((1, 1))
+    head.kernel[...] = jnp.ones((1, 1))
     batch = {"inputs": np.ones((2, 2, 4), np.int32), "targets": np.ones((2, 2, 4), np.int32),
              "segment_ids": np.ones((2, 2, 4), np.int32), "margin": np.zeros(2, np.float32)}
     # rows c0, r0, c1, r1 score 2, 1, 0, 3: pair 0 right (margin 1), pair 1 wrong (margin -3)
@@ -69,7 +69,7 @@ def test_score_is_read_at_the_last_real_token_as_transformers_does():
     seq_cls = seq_cls.float().eval()
     head = ScalarHead(cfg.d_model, seed=3)
     with torch.no_grad():
-        seq_cls.score.weight.copy_(torch.from_numpy(np.asarray(head.kernel.value).T.copy()))
+        seq_cls.score.weight.copy_(torch.from_numpy(np.asarray(head.kernel[...]).T.copy()))
     rng = np.random.default_rng(0)
     lengths = [9, 5, 12]
     ids = np.zeros((3, 12), np.int32)  # right-padded with pad id 0
