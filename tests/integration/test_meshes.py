@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from stack.hardware import PROBE_VERSION
 from tests.conftest import REPO, fake_devices
 
 MESHES = ["mesh=single", "mesh=dp", "mesh=fsdp", "mesh=fsdp_tp", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2"]
@@ -20,7 +21,7 @@ PEAK = 8e10  # the host's measured CPU peak, FLOP/s (pinned in the worker's cach
 def result(tmp_path_factory):
     root = tmp_path_factory.mktemp("cache")
     with open(root / f"cpu_peak-{socket.gethostname()}.json", "w") as f:
-        json.dump({"flops_per_sec": PEAK, "busy": False}, f)
+        json.dump({"flops_per_sec": PEAK, "busy": False, "version": PROBE_VERSION}, f)
     env = {**fake_devices(8), "STACK_CACHE_DIR": str(root)}
     out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *MESHES], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)

@@ -114,7 +114,7 @@ def test_cpu_peak_probe_and_cache(tmp_path, monkeypatch):
     assert peak > 1e8
     assert json.load(open(path)) == pytest.approx({"flops_per_sec": peak, "n": 1024, "repeats": 5, "busy": False,
                                                    "dtype": "float32", "cpu_count": os.cpu_count(),
-                                                   "seconds": 2 * 1024**3 / peak})
+                                                   "seconds": 2 * 1024**3 / peak, "version": hardware.PROBE_VERSION})
     assert hardware.measure_cpu_peak(path) == peak  # read back, not re-measured
     cpu = make_cfg(["hardware=cpu"]).hardware
     assert hardware.peak_flops_per_device(cpu, path) == peak and hardware.peak_flops_per_device(cpu, path, 8) == peak / 8
@@ -124,7 +124,7 @@ def test_cpu_peak_probe_and_cache(tmp_path, monkeypatch):
 def test_a_cpu_peak_probed_on_a_busy_machine_is_measured_again_once_it_is_idle(tmp_path, monkeypatch):
     path = str(tmp_path / "cpu_peak-host.json")
     with open(path, "w") as f:
-        json.dump({"flops_per_sec": 1.0, "busy": True}, f)  # an understated probe, marked busy
+        json.dump({"flops_per_sec": 1.0, "busy": True, "version": hardware.PROBE_VERSION}, f)  # understated, marked busy
     monkeypatch.setattr(hardware, "machine_busy", lambda: True)
     assert hardware.measure_cpu_peak(path) == 1.0  # still busy: a new probe would be no better
     monkeypatch.setattr(hardware, "machine_busy", lambda: False)
@@ -132,6 +132,17 @@ def test_a_cpu_peak_probed_on_a_busy_machine_is_measured_again_once_it_is_idle(t
     peak = hardware.measure_cpu_peak(path)
     assert peak > 1e8 and json.load(open(path))["busy"] is False
     assert hardware.measure_cpu_peak(path) == peak
+
+
+def test_a_cpu_peak_cached_by_an_older_probe_is_measured_again(tmp_path, monkeypatch):
+    """Version 1 probes ran in build, beside stack.precompile's compile in the same process: low."""
+    path = str(tmp_path / "cpu_peak-host.json")
+    with open(path, "w") as f:
+        json.dump({"flops_per_sec": 1.0, "busy": False}, f)  # no version: 1
+    monkeypatch.setattr(hardware, "machine_busy", lambda: False)
+    monkeypatch.setattr(hardware, "cores_used_by_others", lambda since: 0.0)
+    peak = hardware.measure_cpu_peak(path)
+    assert peak > 1e8 and json.load(open(path))["version"] == hardware.PROBE_VERSION
 
 
 @pytest.mark.skipif(hardware.cpu_clock() is None, reason="reads Linux's /proc/stat")
