@@ -170,3 +170,15 @@ def test_grpo_generation_and_training_under_meshes_and_lora_match_single_device(
     for single, sharded in (GRPO_MESHES[:2], GRPO_MESHES[2:]):
         assert len(losses[single]) == 5
         assert losses[sharded] == pytest.approx(losses[single], abs=1e-5), sharded
+
+
+def test_the_cpu_peak_probe_runs_under_a_mesh_of_several_devices(tmp_path):
+    """The trainer asks for the peak inside its mesh (stack.trainer.metrics.PeakProbe): the probe's
+    one-device matmul failed there with 'Received incompatible devices for jitted computation'."""
+    probe = ("import jax; from jax.sharding import AxisType; from stack.hardware import measure_cpu_peak\n"
+             "mesh = jax.make_mesh((4,), ('data',), axis_types=(AxisType.Auto,))\n"
+             "with jax.set_mesh(mesh):\n    print(measure_cpu_peak(None))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=fake_devices(4), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert float(out.stdout.strip().splitlines()[-1]) > 1e8
