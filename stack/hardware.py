@@ -72,7 +72,7 @@ PROBE_VERSION = 2  # cached probes of another version are measured again (1: tak
 
 
 def measure_cpu_peak(cache_file: str | None = None, n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of the best of `repeats` jitted float32 n×n matmuls on the first CPU device.
+    """FLOP/s of the best of `repeats` jitted float32 n×n matmuls on this process's first CPU device.
 
     With `cache_file` (per machine: stack.cache.machine_file) a probe is measured once and read
     back. One taken while the machine was busy (`machine_busy`: a parallel sweep, a test run; or

@@ -58,7 +58,8 @@ class Run:
     evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (step, eval metrics)
     synced: int = 0  # the newest step the device is known to have finished (the loop's last wait)
     checkpoint: str | None = None  # the newest step this run saved
-    perf: dict[str, float] = field(default_factory=dict)  # whole-run throughput (Throughput), precompile_seconds, peak_flops_per_device
+    # whole-run throughput (Throughput), precompile_seconds, peak_flops_per_device (PeakProbe)
+    perf: dict[str, float] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:

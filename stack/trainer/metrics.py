@@ -133,7 +133,7 @@ class Throughput(Hook):
 
 
 class PeakProbe(Hook):
-    """Resolves the peak FLOP/s of MFU right after the first step (after Throughput, which waits for it):
+    """Resolves the peak FLOP/s of MFU right after the first step, once the device has finished it:
     on CPU, where stack.hardware.measure_cpu_peak probes a machine once, the probe then has the
     cores to itself, neither in front of the first step nor beside stack.precompile's compile (which
     cost it ~0.5 s of the first run's critical path and made the cached peak read low: 223 against

@@ -124,7 +124,8 @@ def test_cpu_peak_probe_and_cache(tmp_path, monkeypatch):
 def test_a_cpu_peak_probed_on_a_busy_machine_is_measured_again_once_it_is_idle(tmp_path, monkeypatch):
     path = str(tmp_path / "cpu_peak-host.json")
     with open(path, "w") as f:
-        json.dump({"flops_per_sec": 1.0, "busy": True, "version": hardware.PROBE_VERSION}, f)  # understated, marked busy
+        # an understated probe, marked busy
+        json.dump({"flops_per_sec": 1.0, "busy": True, "version": hardware.PROBE_VERSION}, f)
     monkeypatch.setattr(hardware, "machine_busy", lambda: True)
     assert hardware.measure_cpu_peak(path) == 1.0  # still busy: a new probe would be no better
     monkeypatch.setattr(hardware, "machine_busy", lambda: False)

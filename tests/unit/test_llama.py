@@ -188,7 +188,7 @@ def test_copy_module_gives_each_array_its_own_equal_buffer_and_keeps_shape_only_
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     copy.norm.weight[...] = 0.0  # the copy is its own module
     np.testing.assert_array_equal(np.asarray(model.norm.weight[...]), 1.0)
-    monkeypatch.setattr(modules.jax, "device_put", None)  # shape-only (mode=compile): no copy, on a backend that may not run
+    monkeypatch.setattr(modules.jax, "device_put", None)  # shape-only (mode=compile): no copy, no backend
     abstract = jax.tree.leaves(nnx.state(copy_module(shapes)))
     assert abstract == jax.tree.leaves(nnx.state(shapes)) and isinstance(abstract[0], jax.ShapeDtypeStruct)
 
