@@ -2,12 +2,15 @@
 fake devices, capturing logged rows, running the CLI (integration tests only), the bench
 scripts on the import path."""
 
+import contextlib
 import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -166,3 +169,22 @@ def captured(exp):
 @pytest.fixture
 def cfg_factory():
     return make_cfg
+
+
+@contextlib.contextmanager
+def xla_compiles() -> Iterator[list[tuple[str, str]]]:
+    """Within the block, each XLA compile (or load from the persistent cache) as (thread name, program),
+    from jax's backend_compile_duration event."""
+    import jax
+
+    compiles: list[tuple[str, str]] = []
+
+    def listener(event: str, secs: float, fun_name: str = "", **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append((threading.current_thread().name, fun_name))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiles
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import forward, make_cfg
+from tests.conftest import forward, make_cfg, xla_compiles
 
 from stack.models.init import abstract_model, init_model, param_count
 from stack.models.llama import Llama, unfuse
@@ -175,13 +175,8 @@ def test_init_compiles_one_layer_program_whatever_the_depth(caplog):
 
 def test_copy_module_gives_each_array_its_own_equal_buffer_and_keeps_shape_only_leaves(monkeypatch):
     model, shapes = init_model(tiny_cfg(), 0), abstract_model(tiny_cfg())
-    compiles = []
-    listener = lambda event, secs, **_: "backend_compile" in event and compiles.append(event)  # noqa: E731
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with xla_compiles() as compiles:
         copy = copy_module(model)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []  # copied by the runtime: no program
     for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(copy)), strict=True):
         assert a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer() and a.sharding == b.sharding

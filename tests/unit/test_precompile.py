@@ -10,9 +10,8 @@ import pytest
 
 from stack.build import build
 from stack.trainer import Trainer
-from tests.conftest import QUICK, captured, make_cfg
+from tests.conftest import QUICK, captured, make_cfg, xla_compiles
 
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax's event around each XLA compile
 ROUND = {"sft": "update", "dpo": "collect_update"}
 
 
@@ -21,18 +20,12 @@ def run(tmp_path, name: str, algorithm: str, precompiled: bool) -> tuple[list, l
     (tmp_path / name).mkdir()
     cfg = make_cfg([f"+recipe=llama_{algorithm}", "checkpoint=none", *QUICK, "trainer.steps=2",
                     f"run_dir={tmp_path / name}"])
-    compiles = []
-    listener = lambda event, secs, fun_name="", **_: event == BACKEND_COMPILE and compiles.append(  # noqa: E731
-        (threading.current_thread().name, fun_name))
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with xla_compiles() as compiles:
         exp = build(cfg, str(tmp_path / name))
         assert exp.precompiled is not None  # eligible: one process, no quantization, a one-program round
         exp, cap = captured(exp if precompiled else replace(exp, precompiled=None))
         trainer = Trainer(exp)
         perf = trainer.run().perf
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     rows = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in cap.rows]
     return rows, compiles, jax.tree.map(np.asarray, trainer.state.params), perf
 
