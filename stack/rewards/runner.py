@@ -5,20 +5,26 @@ A function is called with keywords, as TRL's GRPOTrainer calls it:
 and TRL's `(completions, **kwargs)` take it.
 
 One spawned worker per function scores a batch; a function that raises, returns the wrong
-number of values, or does not answer within `timeout` seconds gives NaN for those samples
-(its worker is killed and replaced, so the run never hangs). A sample whose function
-returned None also gets NaN: never a silent 0.
+number of values, does not answer within `timeout` seconds, or kills its worker process (a
+crash in native code, `os._exit`) gives NaN for those samples (the worker is replaced, so the
+run never hangs). A sample whose function returned None also gets NaN: never a silent 0. A
+worker that dies before it starts (a spawned process imports the main module first: a script
+without the `if __name__ == "__main__":` guard runs itself again there) raises RunFailed.
 """
 
 import multiprocessing
+import time
 import warnings
 from typing import Any, Callable
 
 import numpy as np
 
+from stack.errors import RunFailed
+
 
 def _serve(conn: Any) -> None:
-    """Worker loop: (function, kwargs) in, ("ok", values) or ("error", message) out."""
+    """Worker loop: ("started", None) once, then (function, kwargs) in, ("ok", values) or ("error", message) out."""
+    conn.send(("started", None))
     while True:
         try:
             fn, kwargs = conn.recv()
@@ -38,6 +44,19 @@ class Worker:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
         self.proc.start()
+        self.started = False
+
+    def answer(self, timeout: float) -> tuple[str, Any]:
+        """The next answer, past the start-up message: TimeoutError after `timeout` seconds,
+        EOFError or OSError if the process died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.conn.poll(max(deadline - time.monotonic(), 0.0)):
+                raise TimeoutError
+            message = self.conn.recv()
+            if message[0] != "started":
+                return message
+            self.started = True
 
     def close(self) -> None:
         self.proc.kill()
@@ -66,12 +85,22 @@ class RewardRunner:
         return out
 
     def _result(self, i: int, name: str, n: int) -> np.ndarray:
-        worker = self._workers[i]
-        if not worker.conn.poll(self.timeout):
+        worker, self._workers[i] = self._workers[i], None  # put back below while it lives
+        try:
+            status, values = worker.answer(self.timeout)
+        except TimeoutError:
             worker.close()
-            self._workers[i] = None
             return self._failed(name, f"no answer within reward.timeout={self.timeout}s", n)
-        status, values = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.close()
+            if not worker.started:
+                raise RunFailed(
+                    f"the worker process of reward function {name!r} exited with code {worker.proc.exitcode} "
+                    "before it started (its own error is printed above). Reward functions run in spawned "
+                    "processes, which import the main module first: a script that runs training must do so "
+                    'under `if __name__ == "__main__":`.') from None
+            return self._failed(name, f"its worker process died, exit code {worker.proc.exitcode}", n)
+        self._workers[i] = worker
         if status != "ok":
             return self._failed(name, values, n)
         if len(values) != n:

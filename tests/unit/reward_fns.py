@@ -17,6 +17,10 @@ def sleeps(prompts, completions, **record):
     return [1.0] * len(completions)
 
 
+def kills_its_process(prompts, completions, **record):
+    os._exit(3)  # as a crash in native code would: no exception, no answer
+
+
 def some_none(prompts, completions, answer=None, **record):
     return [None if a == "?" else 0.5 for a in answer]
 

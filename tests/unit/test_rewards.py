@@ -2,6 +2,9 @@
 warn once and are counted; user functions need an explicit allow-list entry."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 import warnings
 
@@ -36,6 +39,35 @@ def test_failures_and_timeouts_score_nan_and_the_run_goes_on():
         assert again[0, 0] == 1.0 and np.isnan(again[0, 2])  # a fresh worker replaced the timed-out one
     finally:
         runner.close()
+
+
+def test_a_function_that_kills_its_worker_scores_nan_and_its_worker_is_replaced():
+    runner = RewardRunner([("ok", reward_fns.constant), ("crash", reward_fns.kills_its_process)], [1.0, 1.0], 30.0)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"'crash' failed \(its worker process died, exit code 3\)"):
+            out = runner(["p"] * 2, ["c"] * 2, {})
+        np.testing.assert_array_equal(out[:, 0], [1.0, 1.0])
+        assert np.isnan(out[:, 1]).all()
+        assert np.isnan(runner(["p"], ["c"], {})[0, 1])  # a fresh worker, the same crash: still NaN, no hang
+    finally:
+        runner.close()
+
+
+UNGUARDED = """from stack.rewards.runner import RewardRunner
+from tests.unit import reward_fns
+RewardRunner([("ok", reward_fns.constant)], [1.0], 60.0)(["p"], ["c"], {})
+"""
+
+
+def test_a_script_without_the_main_guard_gets_a_clear_error(tmp_path):
+    """The spawned worker imports the unguarded script, which spawns again while bootstrapping and dies."""
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=str(reward_fns.__file__).rsplit("/tests/", 1)[0], env={**os.environ, "PYTHONPATH": "."})
+    assert res.returncode != 0
+    assert "RunFailed: the worker process of reward function 'ok' exited with code 1 before it started" in res.stderr
+    assert 'under `if __name__ == "__main__":`' in res.stderr
 
 
 def test_functions_get_what_trl_hands_them_by_keyword():
