@@ -16,7 +16,7 @@ from stack.data.tokenizers import ByteTokenizer
 from stack.errors import ConfigError
 from stack.rewards import RULES, make_rewards, metric_name, resolve
 from stack.rewards.runner import RewardRunner
-from tests.conftest import make_cfg
+from tests.conftest import REPO, make_cfg
 from tests.unit import reward_fns
 
 
@@ -63,8 +63,8 @@ def test_a_script_without_the_main_guard_gets_a_clear_error(tmp_path):
     """The spawned worker imports the unguarded script, which spawns again while bootstrapping and dies."""
     script = tmp_path / "train.py"
     script.write_text(UNGUARDED)
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         cwd=str(reward_fns.__file__).rsplit("/tests/", 1)[0], env={**os.environ, "PYTHONPATH": "."})
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": REPO})  # the script imports tests.unit.reward_fns
     assert res.returncode != 0
     assert "RunFailed: the worker process of reward function 'ok' exited with code 1 before it started" in res.stderr
     assert 'under `if __name__ == "__main__":`' in res.stderr
