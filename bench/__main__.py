@@ -3,13 +3,15 @@ at smaller sizes and one trial, a few minutes on 2 cores), from the repository r
 
 Each bench runs in its own process (its XLA flags and threads are its own) and prints its usual
 lines plus its rows (bench/rows.py); the table lists bench, ratio, goal and `ok` or `miss` last.
-The processes share one fresh persistent compilation cache (a program another bench or an earlier
-run in the same bench compiled loads from it; every ratio leaves compilation out), except the
-benches that time compilation.
+The processes share one persistent compilation cache (a program another bench, an earlier run in
+the same bench or an earlier `python -m bench` compiled loads from it; every ratio leaves compilation
+out): stack's own (`<cache root>/jax`, stack.cache), or a fresh one with `--cold` (as a new machine's
+first run). The benches that time compilation keep their own caches.
 A bench that needs a package that is not installed (libtpu, Tunix) is named under the table.
 """
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -18,6 +20,7 @@ import tempfile
 import time
 
 from bench.rows import holds, parse
+from stack.cache import cache_root
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # script: (arguments at full size, arguments with --quick, the module it needs or None)
@@ -71,12 +74,14 @@ def table(results: dict[str, tuple[list[dict], str]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one trial")
+    parser.add_argument("--cold", action="store_true", help="a fresh compilation cache, as on a new machine")
     parser.add_argument("benches", nargs="*", help=f"a subset of {', '.join(BENCHES)} (default: all)")
     args = parser.parse_args()
     if unknown := sorted(set(args.benches) - set(BENCHES)):
         parser.error(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
     results, missing, start = {}, [], time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-jax-cache-") as cache:
+    shared = contextlib.nullcontext(os.path.join(cache_root(), "jax"))  # `python -m stack`'s (stack.cache)
+    with tempfile.TemporaryDirectory(prefix="bench-jax-cache-") if args.cold else shared as cache:
         for script in args.benches or BENCHES:
             full, quick, needs = BENCHES[script]
             if needs and importlib.util.find_spec(needs) is None:

@@ -218,7 +218,9 @@ def quick_flops(exp) -> None:
     """--quick at FLOPS_SIZE: only the FLOP/s row, from one short fixed-batch run after an untimed one."""
     on_cpu = jax.default_backend() == "cpu"
     fixed = replace(exp, train_batches=Fixed(exp.eval_batches[0]))
-    perf_row(fixed)  # compiles
+    steps, exp.cfg.trainer.steps = exp.cfg.trainer.steps, 2
+    Trainer(fresh(fixed, sinks=(Capture(),))).run()  # compiles, warms the process up: two steps
+    exp.cfg.trainer.steps = steps
     peaks = [measure_cpu_peak(repeats=10)] if on_cpu else []
     row = perf_row(fixed)
     flops_row(FLOPS_SIZE, [row["perf/tflops_per_device"] * 1e12 if on_cpu else row["perf/mfu"]], peaks)

@@ -5,7 +5,8 @@ another), the same command otherwise.
     python bench/sweep_parallel.py --quick   # one trial of 10-step jobs, 4 seeds of one lr
 
 Each trial runs both sweeps in fresh processes, alternating which goes first, against one
-shared persistent compilation cache warmed before timing (so both pay the same compile cost).
+shared persistent compilation cache (python -m bench's, else a fresh one) warmed before timing
+(so both pay the same compile cost).
 Printed: the median wall seconds of each and their ratio (goal <= 0.65), and the ratio the
 jobs' training alone allows: a job's steady tokens/s (its logged windows after the first, the
 median over jobs) with the basic launcher / twice that of a joblib job. A tiny job keeps more than
@@ -62,8 +63,8 @@ def main() -> None:
     if args.quick:
         args.trials, args.steps = 1, 10
     root = tempfile.mkdtemp()
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": os.path.join(root, "jax"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # every program: jax's default skips those under 1 s
+    env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every program (jax's default: >= 1 s)
+           "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(root, "jax")}
     sweep(root, args.steps, [*grid, "seed=0"], env)  # warm the cache for both: a seed changes no program, steps do
     basic, joblib = [], []
     for trial in range(args.trials):
