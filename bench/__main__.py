@@ -5,8 +5,8 @@ Each bench runs in its own process (its XLA flags and threads are its own) and p
 lines plus its rows (bench/rows.py); the table lists bench, ratio, goal and `ok` or `miss` last.
 The processes share one persistent compilation cache (a program another bench, an earlier run in
 the same bench or an earlier `python -m bench` compiled loads from it; every ratio leaves compilation
-out): stack's own (`<cache root>/jax`, stack.cache), or a fresh one with `--cold` (as a new machine's
-first run). The benches that time compilation keep their own caches.
+out): the one `python -m stack` uses (stack.cache.compilation_cache_dir), or a fresh one with
+`--cold` (as a new machine's first run). The benches that time compilation keep their own caches.
 A bench that needs a package that is not installed (libtpu, Tunix) is named under the table.
 """
 
@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from bench.rows import holds, parse
-from stack.cache import cache_root
+from stack.cache import compilation_cache_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # script: (arguments at full size, arguments with --quick, the module it needs or None)
@@ -71,6 +71,13 @@ def table(results: dict[str, tuple[list[dict], str]]) -> list[str]:
     return lines
 
 
+def shared_cache(cold: bool) -> contextlib.AbstractContextManager[str]:
+    """The benches' compilation cache: `python -m stack`'s, or with `cold` a fresh temporary one."""
+    if cold:
+        return tempfile.TemporaryDirectory(prefix="bench-jax-cache-")
+    return contextlib.nullcontext(compilation_cache_dir())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one trial")
@@ -80,8 +87,7 @@ def main() -> None:
     if unknown := sorted(set(args.benches) - set(BENCHES)):
         parser.error(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
     results, missing, start = {}, [], time.perf_counter()
-    shared = contextlib.nullcontext(os.path.join(cache_root(), "jax"))  # `python -m stack`'s (stack.cache)
-    with tempfile.TemporaryDirectory(prefix="bench-jax-cache-") if args.cold else shared as cache:
+    with shared_cache(args.cold) as cache:
         for script in args.benches or BENCHES:
             full, quick, needs = BENCHES[script]
             if needs and importlib.util.find_spec(needs) is None:

@@ -21,6 +21,12 @@ def machine_file(name: str) -> str:
     return os.path.join(cache_root(), f"{name}-{socket.gethostname()}.json")
 
 
+def compilation_cache_dir() -> str:
+    """The persistent compilation cache a run uses by default: JAX_COMPILATION_CACHE_DIR, else
+    `<cache root>/jax`."""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(cache_root(), "jax")
+
+
 def enable_compilation_cache(setting: str | None) -> str | None:
     """Point jax's persistent compilation cache at `setting` (`auto`: `<cache root>/jax`; `off`
     or null: none) unless the user configured one (JAX_COMPILATION_CACHE_DIR wins); the dir used."""
@@ -30,7 +36,7 @@ def enable_compilation_cache(setting: str | None) -> str | None:
         return jax.config.jax_compilation_cache_dir
     if setting in (None, "off"):
         return None
-    path = os.path.join(cache_root(), "jax") if setting == "auto" else os.path.expanduser(setting)
+    path = compilation_cache_dir() if setting == "auto" else os.path.expanduser(setting)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_MIN_SECONDS)
     return path

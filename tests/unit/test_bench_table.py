@@ -1,6 +1,8 @@
 """`python -m bench`'s table: the rows benches print are read back, judged against their goals
 (bounds included or not as written), and every line ends with ok or miss."""
 
+import os
+
 import pytest
 
 from bench.__main__ import BENCHES, table
@@ -32,3 +34,18 @@ def test_every_bench_script_is_in_the_runner():
 
     scripts = {f[:-3] for f in os.listdir(os.path.join(REPO, "bench")) if f.endswith(".py")}
     assert scripts - {"__main__", "rows"} == set(BENCHES)
+
+
+def test_benches_share_the_runs_compilation_cache_unless_cold(monkeypatch, tmp_path):
+    from bench.__main__ import shared_cache
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("STACK_CACHE_DIR", str(tmp_path))
+    with shared_cache(cold=False) as cache:
+        assert cache == str(tmp_path / "jax")  # `python -m stack`'s: a rerun loads what a run compiled
+    with shared_cache(cold=True) as cache:
+        assert tmp_path.name not in cache and os.path.isdir(cache)
+    assert not os.path.exists(cache)  # a cold cache is removed after the run
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    with shared_cache(cold=False) as cache:
+        assert cache == str(tmp_path / "mine")  # the user's own wins, as for `python -m stack`
