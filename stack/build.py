@@ -126,7 +126,8 @@ def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:
         model = init_model(cfg.model, cfg.seed)
         if source:
             load_params(model, source)
-    return model if cfg.hardware.platform == "cpu" else unfuse(model)  # a CPU speedup (MLP's docstring)
+    # CPU speedups (the docstrings of MLP and Attention); elsewhere each projection is its own product
+    return model if cfg.hardware.platform == "cpu" else unfuse(model)
 
 
 def eval_too_small(data: DictConfig, records: int) -> ConfigError:

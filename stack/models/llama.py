@@ -25,6 +25,7 @@ from flax import nnx
 
 from stack.models.kv_cache import KVCache
 from stack.models.layer_stack import run_layers
+from stack.models.qkv import qkv
 from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
 from stack.models.swiglu import swiglu
 
@@ -54,7 +55,9 @@ class RMSNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """Grouped-query self-attention with RoPE; K/V heads are shared by groups of Q heads."""
+    """Grouped-query self-attention with RoPE; K/V heads are shared by groups of Q heads. `fused`: the
+    Q, K and V projections as one product with a hand-written backward (stack.models.qkv), `unfuse`d
+    as the MLP is."""
 
     def __init__(self, cfg: Any, head_dim: int, *, rngs: nnx.Rngs):
         d, h, kv = cfg.d_model, cfg.n_heads, cfg.n_kv_heads
@@ -65,6 +68,14 @@ class Attention(nnx.Module):
         self.k_proj = _linear(d, kv * head_dim, ("embed", "kv_heads"), cfg, rngs)
         self.v_proj = _linear(d, kv * head_dim, ("embed", "kv_heads"), cfg, rngs)
         self.o_proj = _linear(h * head_dim, d, ("heads", "embed"), cfg, rngs)
+        self.fused = True
+
+    def _project(self, x: Array) -> tuple[Array, Array, Array]:
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if not self.fused:
+            return tuple(p(x) for p in projections)
+        dtype = self.q_proj.dtype
+        return qkv(x.astype(dtype), *(p.kernel[...].astype(dtype) for p in projections))
 
     def __call__(self, x: Array, rope: tuple[Array, Array], mask: Array,
                  cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
@@ -75,9 +86,10 @@ class Attention(nnx.Module):
         """
         b, t, _ = x.shape
         kv, g, hd = self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim
-        q = apply_rope(self.q_proj(x).reshape(b, t, kv * g, hd), rope)
-        k = apply_rope(self.k_proj(x).reshape(b, t, kv, hd), rope)
-        v = self.v_proj(x).reshape(b, t, kv, hd)
+        q, k, v = self._project(x)
+        q = apply_rope(q.reshape(b, t, kv * g, hd), rope)
+        k = apply_rope(k.reshape(b, t, kv, hd), rope)
+        v = v.reshape(b, t, kv, hd)
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache[2], 0, 0))
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache[2], 0, 0))
@@ -114,9 +126,10 @@ class MLP(nnx.Module):
 
 
 def unfuse(model: nnx.Module) -> nnx.Module:
-    """`model` with every MLP computing gate and up by their own projections (for Qwix)."""
-    for mlp in (m for _, m in nnx.iter_modules(model) if isinstance(m, MLP)):
-        mlp.fused = False
+    """`model` with every MLP computing gate and up, and every attention Q, K and V, by their own
+    projections (for Qwix)."""
+    for module in (m for _, m in nnx.iter_modules(model) if isinstance(m, (MLP, Attention))):
+        module.fused = False
     return model
 
 

@@ -247,19 +247,20 @@ def test_forward_matches_numpy(tied, scaled):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
 
-def test_fused_gate_up_equals_the_two_projections_in_logits_and_gradients():
-    """The default MLP (gate and up as one product of stacked kernels) against `unfuse` (each
-    projection its own call, as Qwix needs): the loss (rtol 1e-6) and every gradient (rtol 1e-5,
-    atol 1e-6) equal in fp32."""
+def test_fused_projections_equal_the_separate_ones_in_logits_and_gradients():
+    """The default MLP (gate and up as one product of stacked kernels) and attention (Q, K, V as one
+    product) against `unfuse` (each projection its own call, as Qwix needs): the loss (rtol 1e-6) and
+    every gradient (rtol 1e-5, atol 1e-6) equal in fp32."""
     tokens = jnp.asarray(np.random.default_rng(4).integers(0, 97, size=(2, 11)), jnp.int32)
 
     def loss_and_grads(model):
         return nnx.value_and_grad(lambda m: (forward(m, tokens) ** 2).mean())(model)
 
     model = randomized(tiny_cfg())
-    assert all(layer.mlp.fused for layer in model.layers)
+    assert all(layer.mlp.fused and layer.attn.fused for layer in model.layers)
     fused = loss_and_grads(model)
-    assert unfuse(model) is model and not any(layer.mlp.fused for layer in model.layers)
+    assert unfuse(model) is model
+    assert not any(layer.mlp.fused or layer.attn.fused for layer in model.layers)
     unfused = loss_and_grads(model)
     np.testing.assert_allclose(float(fused[0]), float(unfused[0]), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(nnx.state(fused[1])), jax.tree.leaves(nnx.state(unfused[1])), strict=True):
