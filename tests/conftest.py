@@ -115,6 +115,19 @@ def forward(model, *args):
     return _jitted_call()(model, *args)
 
 
+def assert_same_vjp(fn, reference, args, cotangents) -> None:
+    """`fn`'s hand-written backward at `args` equals autodiff of `reference` (rtol and atol 1e-5);
+    every reference gradient reaches 0.1, so the tolerance is a real one."""
+    import jax
+    import numpy as np
+
+    got = jax.vjp(fn, *args)[1](cotangents)
+    want = jax.vjp(reference, *args)[1](cotangents)
+    assert all(np.abs(np.asarray(w)).max() > 0.1 for w in want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
 class FixedLogits:
     """A stand-in model returning fixed logits, to test a loss in isolation."""
 
