@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rows import emit  # bench/ is on sys.path when run as a script
 from stack.build import build
+from stack.cpu_compiler import configure_cpu_compiler
 from stack.cpu_dispatch import configure_cpu_dispatch
 from stack.hardware import measure_cpu_peak
 from stack.host_memory import keep_freed_host_memory
@@ -109,6 +110,7 @@ def experiment(overrides: list[str]):
                                                        "trainer.eval_batches=1"])
     cfg.trainer.log_every = cfg.trainer.steps  # one window: every step after the compiling one
     configure_cpu_dispatch(cfg)  # as `python -m stack` does; the process's first call decides (stack.cpu_dispatch)
+    configure_cpu_compiler(cfg)  # as `python -m stack` does (stack.cpu_compiler)
     return build(cfg, tempfile.mkdtemp())
 
 

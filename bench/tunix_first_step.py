@@ -16,6 +16,8 @@
   eval, and train one step on stack's first batch (saved beforehand as Tunix's TrainingInput
   arrays: it reads no data files). The time is read in `_post_process_train_step` after
   blocking on the model's state. Tunix sets no persistent cache: its every run is a first run.
+Each side compiles with its own defaults: stack's CLI at LLVM -O1 (stack.cpu_compiler), Tunix's script
+with XLA's (-O2; set to -O1 it read 4.7 instead of 5.9 s).
 Fresh processes, `JAX_COMPILATION_CACHE_DIR` empty, the order alternating by trial; the clock
 starts when the parent starts the process. Printed: the medians and the ratios
 stack first run / Tunix and stack rerun / Tunix (goal <= 0.7 for both).
@@ -38,6 +40,9 @@ from tunix_dpo import overrides, tunix_inputs
 from tunix_grpo import SHARD_VARIABLES, flax_flag
 
 CONFIG = [*overrides("tiny", 1), "checkpoint=none", "logger=jsonl"]  # tunix_dpo.py's config, one step
+# the environment each side starts from: tunix_files' experiment() adds stack's XLA:CPU flags to this
+# process's (stack.cpu_compiler), which `python -m stack` sets for itself and Tunix's script must not get
+ENV = dict(os.environ)
 
 STACK_SIDE = """
 import importlib.abc, importlib.machinery, runpy, sys, time
@@ -123,7 +128,7 @@ def first_step(args: list[str], cwd: str, cache_root: str = "") -> float:
     """Seconds from starting `python -c ...args` to the FIRST_STEP line it prints; `cache_root`:
     stack's cache root (STACK_CACHE_DIR)."""
     env = {"JAX_PLATFORMS": "cpu",  # both sides: no TPU plugin probe where libtpu is installed (stack sets it too)
-           **os.environ, "JAX_COMPILATION_CACHE_DIR": "", "STACK_CACHE_DIR": cache_root}
+           **ENV, "JAX_COMPILATION_CACHE_DIR": "", "STACK_CACHE_DIR": cache_root}
     start = time.time()
     out = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, env=env, cwd=cwd)
     lines = [line for line in out.stderr.splitlines() if line.startswith("FIRST_STEP ")]

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stack.build import build
 from stack.cache import enable_compilation_cache
+from stack.cpu_compiler import configure_cpu_compiler
 from stack.cpu_dispatch import configure_cpu_dispatch
 from stack.errors import ConfigError, RunFailed
 from stack.jobstatus import write_status
@@ -96,6 +97,7 @@ def run(cfg: DictConfig) -> Any:
     if cfg.mode == "validate":
         return check(cfg)
     configure_cpu_dispatch(cfg)  # before the first computation: jax reads it when the CPU backend starts
+    configure_cpu_compiler(cfg)  # before the first compile: XLA reads its flags once
     init_distributed()  # a launcher=local rank: join the other processes before any computation
     enable_compilation_cache(cfg.trainer.compilation_cache)
     if cfg.mode == "compile":
