@@ -8,6 +8,7 @@ the same bench or an earlier `python -m bench` compiled loads from it; every rat
 out): the one `python -m stack` uses (stack.cache.compilation_cache_dir), or a fresh one with
 `--cold` (as a new machine's first run). The benches that time compilation keep their own caches.
 A bench that needs a package that is not installed (libtpu, Tunix) is named under the table.
+`--logs DIR` keeps each bench's own output (its measurements behind the row) in DIR/<bench>.log.
 """
 
 import argparse
@@ -43,8 +44,9 @@ BENCHES = {
 TIMES_COMPILE = {"aot_compile", "first_step", "tunix_first_step"}  # no shared compilation cache for these
 
 
-def run(script: str, args: list[str], cache: str) -> tuple[list[dict], str]:
-    """(rows, '' or why the bench failed) of one bench process; `cache`: the shared compilation cache."""
+def run(script: str, args: list[str], cache: str, logs: str | None = None) -> tuple[list[dict], str]:
+    """(rows, '' or why the bench failed) of one bench process; `cache`: the shared compilation cache;
+    `logs`: a folder for the process's own output, stdout then stderr, as `<script>.log`."""
     env = dict(os.environ)
     if BENCHES[script][2] != "libtpu":  # a CPU bench: no TPU plugin probe at each jax start where libtpu is installed
         env.setdefault("JAX_PLATFORMS", "cpu")
@@ -53,6 +55,9 @@ def run(script: str, args: list[str], cache: str) -> tuple[list[dict], str]:
     res = subprocess.run([sys.executable, os.path.join(HERE, f"{script}.py"), *args], capture_output=True, text=True,
                          env=env, check=False)
     rows = parse(res.stdout)
+    if logs:
+        with open(os.path.join(logs, f"{script}.log"), "w") as f:
+            f.write(res.stdout + res.stderr)
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
         return rows, f"exit {res.returncode}: {last[:120]}"
@@ -82,10 +87,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one trial")
     parser.add_argument("--cold", action="store_true", help="a fresh compilation cache, as on a new machine")
+    parser.add_argument("--logs", metavar="DIR", help="write each bench's own output to DIR/<bench>.log")
     parser.add_argument("benches", nargs="*", help=f"a subset of {', '.join(BENCHES)} (default: all)")
     args = parser.parse_args()
     if unknown := sorted(set(args.benches) - set(BENCHES)):
         parser.error(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
     results, missing, start = {}, [], time.perf_counter()
     with shared_cache(args.cold) as cache:
         for script in args.benches or BENCHES:
@@ -94,7 +102,7 @@ def main() -> None:
                 missing.append(f"{script} (needs {needs})")
                 continue
             began = time.perf_counter()
-            results[script] = run(script, quick if args.quick else full, cache)
+            results[script] = run(script, quick if args.quick else full, cache, args.logs)
             print(f"ran {script} in {time.perf_counter() - began:.0f} s", flush=True)
     print("\n".join(table(results)))
     print(f"{time.perf_counter() - start:.0f} s" + (f"; not run: {', '.join(missing)}" if missing else ""))

@@ -49,3 +49,18 @@ def test_benches_share_the_runs_compilation_cache_unless_cold(monkeypatch, tmp_p
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
     with shared_cache(cold=False) as cache:
         assert cache == str(tmp_path / "mine")  # the user's own wins, as for `python -m stack`
+
+
+def test_a_bench_process_output_is_kept_with_logs(monkeypatch, tmp_path):
+    import bench.__main__ as runner
+
+    (tmp_path / "fake.py").write_text(f"import sys\nsys.path.insert(0, {runner.HERE!r})\nfrom rows import emit\n"
+                                      "print('steps 257 GFLOP/s')\nemit('a ratio', 0.5, '<= 1')\n"
+                                      "print('a warning', file=sys.stderr)\n")
+    monkeypatch.setattr(runner, "HERE", str(tmp_path))
+    monkeypatch.setitem(runner.BENCHES, "fake", ([], [], None))
+    (tmp_path / "logs").mkdir()
+    rows, failure = runner.run("fake", [], str(tmp_path / "cache"), str(tmp_path / "logs"))
+    assert failure == "" and [r["ratio"] for r in rows] == [0.5]
+    log = (tmp_path / "logs" / "fake.log").read_text()
+    assert "steps 257 GFLOP/s" in log and "a warning" in log  # the lines behind the row, stderr too
