@@ -9,7 +9,8 @@ step 1.58 -> 1.40 s, of the medium SFT step 1.45 -> 1.37 s. -O0 compiles faster 
 the medium step 1.38x slower. Results differ from -O2 in last bits only (per-step metrics of the
 llama_sft, dpo, grpo, ppo and rm recipes: losses within 1e-6 relative, logps 4e-6 absolute; DPO's
 reward accuracy counts margins of ~1e-8 at its first steps, whose signs can flip). A level set in
-XLA_FLAGS (the default test tier's -O0) wins. XLA reads its flags once, when the process first compiles: call this before that.
+XLA_FLAGS (the default test tier's -O0) wins. XLA reads its flags once, when the process first
+compiles: call this before that.
 """
 
 import os
