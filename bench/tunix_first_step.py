@@ -18,7 +18,8 @@
   blocking on the model's state. Tunix sets no persistent cache: its every run is a first run.
 Each side compiles with its own defaults: stack's CLI at LLVM -O1 (stack.cpu_compiler), Tunix's script
 with XLA's (-O2; set to -O1 it read 4.7 instead of 5.9 s).
-Fresh processes, `JAX_COMPILATION_CACHE_DIR` empty, the order alternating by trial; the clock
+Fresh processes after one untimed process that imports both sides' packages (`warm_imports`),
+`JAX_COMPILATION_CACHE_DIR` empty, the order alternating by trial; the clock
 starts when the parent starts the process. Printed: the medians and the ratios
 stack first run / Tunix and stack rerun / Tunix (goal <= 0.7 for both).
 """
@@ -137,6 +138,16 @@ def first_step(args: list[str], cwd: str, cache_root: str = "") -> float:
     return float(lines[0].split()[1]) - start
 
 
+def warm_imports(work: str) -> None:
+    """One untimed process importing both sides' packages before the trials. Without it the first
+    process after this one's start ran slower, and that was always stack's first run (trial 0 runs
+    it first): 4.08 / 4.14 / 3.82 s against 3.70 / 3.51 / 3.46 s in trial 1 (three runs of 2
+    trials; Tunix the same in both, 5.25-5.45 s). With it: 3.62 / 3.59 against 3.61 / 3.51 s."""
+    code = "import jax, flax.nnx, tunix.sft.dpo.dpo_trainer, stack.app, stack.run"
+    subprocess.run([sys.executable, "-c", code], env={**ENV, "JAX_PLATFORMS": "cpu"}, cwd=work, check=True,
+                   capture_output=True)
+
+
 def stack_runs(work: str) -> tuple[float, float]:
     """(first run, rerun) of `python -m stack` against a new, empty cache root."""
     root = tempfile.mkdtemp(dir=work)
@@ -152,6 +163,7 @@ def main() -> None:
     first, rerun, theirs = [], [], []
     with tempfile.TemporaryDirectory() as work:
         tunix = [TUNIX_SIDE, *tunix_files(work)]
+        warm_imports(work)
         for trial in range(1 if args.quick else args.trials):
             if trial % 2:
                 theirs.append(first_step(tunix, work))
