@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from stack.cpu_compiler import CPU_LEVEL, LEVEL_FLAG
 from stack.models.llama import Block, Llama, head_dim_of
 
 
@@ -34,9 +35,10 @@ def _rngs(seed: int) -> nnx.Rngs:
         return nnx.Rngs(seed)
 
 
-# XLA:CPU compiles the init at LLVM -O1: the bits of the default -O2 (tiny to Llama 3 1B), as fast to
-# run, ~1/3 less compile time (tiny 1.10 -> 0.71 s, d_model 512 1.42 -> 1.05 s); -O0 changes last bits.
-CPU_INIT_OPTIONS = {"xla_backend_optimization_level": 1}
+# XLA:CPU compiles the init at LLVM -O1 (stack.cpu_compiler's level, here whatever XLA_FLAGS says): the
+# bits of the default -O2 (tiny to Llama 3 1B), as fast to run, ~1/3 less compile time (tiny 1.10 ->
+# 0.71 s, d_model 512 1.42 -> 1.05 s); -O0 changes last bits.
+CPU_INIT_OPTIONS = {LEVEL_FLAG.removeprefix("--"): CPU_LEVEL}
 
 
 def _skip_layers(cfg: Any, marks: list) -> Callable[[nnx.Rngs], list]:
