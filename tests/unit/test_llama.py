@@ -248,10 +248,11 @@ def test_forward_matches_numpy(tied, scaled):
 
 
 def test_fused_projections_equal_the_separate_ones_in_logits_and_gradients():
-    """The default MLP (gate and up as one product of stacked kernels) and attention (Q, K, V as one
-    product) against `unfuse` (each projection its own call, as Qwix needs): the loss (rtol 1e-6) and
-    every gradient (rtol 1e-5, atol 1e-6) equal in fp32."""
-    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 97, size=(2, 11)), jnp.int32)
+    """The default MLP (gate and up as one product of stacked kernels), attention (Q, K, V as one
+    product) and attention core (stack.models.attention_core, 2 query blocks at 128 tokens) against
+    `unfuse` (each projection its own call, as Qwix needs, and the core by autodiff): the loss (rtol
+    1e-6) and every gradient (rtol 1e-5, atol 1e-6) equal in fp32."""
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 97, size=(2, 128)), jnp.int32)
 
     def loss_and_grads(model):
         return nnx.value_and_grad(lambda m: (forward(m, tokens) ** 2).mean())(model)
