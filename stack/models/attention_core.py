@@ -52,7 +52,7 @@ def _probs(q: Array, k: Array, mask: Array) -> Array:
 @jax.custom_vjp
 def _core(q: Array, k: Array, v: Array, mask: Array) -> Array:
     """q [B, kv, R, hd] (scaled), k and v [B, kv, S, hd], mask bool [B, 1, R, S] -> [B, kv, R, hd]."""
-    return jnp.einsum("bkqs,bksd->bkqd", _probs(q, k, mask).astype(v.dtype), v)
+    return _core_fwd(q, k, v, mask)[0]
 
 
 def _core_fwd(q: Array, k: Array, v: Array, mask: Array) -> tuple[Array, tuple]:
@@ -90,13 +90,14 @@ def _unfold(out: Array, t: int) -> Array:
 def causal_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
     """q [B, T, H, hd] (RoPE applied), k and v [B, T, kv, hd], mask bool [B, T, T] (True = may attend;
     within the causal mask, each query seeing its own position) -> [B, T, H*hd]."""
-    b, t, h, hd = q.shape
-    kv, n = k.shape[2], query_blocks(t)
-    q, rows = q * (1 / math.sqrt(hd)), t // n
+    t, h, hd = q.shape[1:]
+    kv = k.shape[2]
+    rows = t // query_blocks(t)
+    q = q * (1 / math.sqrt(hd))
     outs = []
-    for i in range(n):
-        queries, keys = slice(i * rows, (i + 1) * rows), (i + 1) * rows
-        block_mask = jnp.tile(mask[:, queries, :keys], (1, h // kv, 1))[:, None]
-        heads = (x[:, :keys].transpose(0, 2, 1, 3) for x in (k, v))
+    for end in range(rows, t + 1, rows):  # block [end - rows, end) against keys [0, end)
+        queries = slice(end - rows, end)
+        block_mask = jnp.tile(mask[:, queries, :end], (1, h // kv, 1))[:, None]
+        heads = (x[:, :end].transpose(0, 2, 1, 3) for x in (k, v))
         outs.append(_unfold(_core(_fold(q[:, queries], kv), *heads, block_mask), rows))
-    return jnp.concatenate(outs, axis=1) if n > 1 else outs[0]
+    return jnp.concatenate(outs, axis=1)
