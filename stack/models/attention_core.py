@@ -75,13 +75,13 @@ def _core_bwd(res: tuple, d_out: Array) -> tuple[Array, Array, Array, None]:
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def _fold(q: Array, kv: int) -> Array:
+def fold_queries(q: Array, kv: int) -> Array:
     """[B, T, kv*g, hd] -> [B, kv, g*T, hd]: query head h is kv head h // g's (as HF repeat_kv)."""
     b, t, h, hd = q.shape
     return q.reshape(b, t, kv, h // kv, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, h // kv * t, hd)
 
 
-def _unfold(out: Array, t: int) -> Array:
+def unfold_queries(out: Array, t: int) -> Array:
     """[B, kv, g*T, hd] -> [B, T, kv*g*hd]."""
     b, kv, _, hd = out.shape
     return out.reshape(b, kv, -1, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
@@ -99,5 +99,5 @@ def causal_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
         queries = slice(end - rows, end)
         block_mask = jnp.tile(mask[:, queries, :end], (1, h // kv, 1))[:, None]
         heads = (x[:, :end].transpose(0, 2, 1, 3) for x in (k, v))
-        outs.append(_unfold(_core(_fold(q[:, queries], kv), *heads, block_mask), rows))
+        outs.append(unfold_queries(_core(fold_queries(q[:, queries], kv), *heads, block_mask), rows))
     return jnp.concatenate(outs, axis=1)

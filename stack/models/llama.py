@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stack.models.attention_core import causal_attention
+from stack.models.attention_core import NEG, causal_attention, fold_queries, unfold_queries
 from stack.models.kv_cache import KVCache
 from stack.models.layer_stack import run_layers
 from stack.models.qkv import qkv
@@ -98,14 +98,11 @@ class Attention(nnx.Module):
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache[2], 0, 0))
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache[2], 0, 0))
-        # query head h uses kv head h // g (as HF repeat_kv); a kv head's g query heads are folded
-        # into the query axis, [B, kv, g*T, hd], so both products are plain batched matmuls
-        q = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
-        scores = jnp.einsum("bkqd,bskd->bkqs", q, k, preferred_element_type=jnp.float32)
-        scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores / math.sqrt(hd), jnp.finfo(jnp.float32).min)
+        # a kv head's g query heads folded into the query axis: both products are batched matmuls
+        scores = jnp.einsum("bkqd,bskd->bkqs", fold_queries(q, kv), k, preferred_element_type=jnp.float32)
+        scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores / math.sqrt(hd), NEG)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkqs,bskd->bkqd", probs, v).reshape(b, kv, g, t, hd).transpose(0, 3, 1, 2, 4)
-        out = self.o_proj(out.reshape(b, t, kv * g * hd))
+        out = self.o_proj(unfold_queries(jnp.einsum("bkqs,bskd->bkqd", probs, v), t))
         return out if cache is None else (out, (k, v))
 
 
