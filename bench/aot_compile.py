@@ -12,7 +12,6 @@ import sys
 import time
 
 from hydra import compose, initialize_config_module
-
 from rows import emit  # bench/ is on sys.path when run as a script
 
 DEFAULT = ["model=llama3_8b", "hardware=tpu_v5e", "hardware.topology=v5e:2x4",
@@ -22,9 +21,9 @@ GiB = 1024**3
 
 def main(overrides: list[str]) -> None:
     t0 = time.perf_counter()
-    from stack.build import build
-    from stack.compile import abstract_run, lower_and_compile, target_devices
-    from stack.parallel import bytes_per_device
+    from stack.engine.aot import abstract_run, lower_and_compile, target_devices
+    from stack.hardware.mesh import bytes_per_device
+    from stack.run.build import build
 
     with initialize_config_module("stack.conf", version_base=None):
         cfg = compose("config", overrides=DEFAULT + overrides)

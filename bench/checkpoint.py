@@ -5,7 +5,7 @@
 
 Each saves the same state (pure dicts of params and AdamW moments, as a TrainState holds them,
 plus the JSON data/meta items) through the trainer's checkpoint hook
-(`stack.trainer.checkpointing.Checkpointing.save`), timing what the call takes before the loop
+(`stack.engine.trainer.checkpointing.Checkpointing.save`), timing what the call takes before the loop
 may go on, after a first save of the same managers (what a run sees from its second save on):
 - overlapped (`checkpoint.overlap`): a device copy of the state, the save in a thread;
 - Orbax async only (`checkpoint.overlap=false`): the loop waits for the device-to-host copy;
@@ -22,12 +22,12 @@ import jax
 import optax
 from flax import nnx
 from hydra import compose, initialize_config_module
-
 from rows import emit  # bench/ is on sys.path when run as a script
-from stack.checkpoint import Checkpointer
+
+from stack.checkpoint.manager import Checkpointer
+from stack.engine.trainer.checkpointing import Checkpointing
+from stack.engine.trainer.nonfinite import NonFinite
 from stack.models.init import init_model
-from stack.trainer.checkpointing import Checkpointing
-from stack.trainer.nonfinite import NonFinite
 
 MODEL = ["model.d_model=512", "model.n_layers=3", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1408"]
 QUICK = ["model.d_model=256", "model.n_layers=3", "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=704"]

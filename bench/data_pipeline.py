@@ -25,13 +25,13 @@ from dataclasses import replace
 import jax
 import numpy as np
 from hydra import compose, initialize_config_module
-
 from rows import emit  # bench/ is on sys.path when run as a script
 from step_overhead import Capture, Fixed
-from stack.build import build
+
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
-from stack.trainer import train
+from stack.engine.trainer import train
+from stack.run.build import build
 
 
 def config(overrides: list[str]):

@@ -4,7 +4,7 @@
     python bench/dpo_step.py --sizes tiny
     python bench/dpo_step.py --quick         # tiny, one trial, no precomputed-reference run
 
-Both run the real trainer (`stack.trainer.Trainer`) fed one fixed batch: SFT on 2B
+Both run the real trainer (`stack.engine.trainer.Trainer`) fed one fixed batch: SFT on 2B
 sequences, DPO on B preference pairs (policy forward + backward on chosen and rejected in
 one pass, plus the frozen reference's forward in the round's `collect`). By FLOPs the floor is 1.33
 (a reference forward is ~1/3 of a training step); the goal is <= 1.4. With

@@ -7,7 +7,7 @@
 Each trial runs `python -m stack +recipe=llama_sft trainer.steps=2` twice in fresh processes
 against a new cache dir: cold, then warm. Printed: the medians of the run's own compile
 seconds (the first round's program traced, lowered and compiled or loaded from the cache in a
-thread beside the model init, stack.precompile, + start of the loop -> first step done), of XLA's
+thread beside the model init, stack.engine.precompile, + start of the loop -> first step done), of XLA's
 compile seconds over every program of the run (jax's `backend_compile_duration` events: a compile,
 or a load from the cache) and of the process wall time, and warm/cold ratios (goal for compiling:
 <= 0.2, i.e. >= 5x faster).

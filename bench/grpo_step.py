@@ -4,11 +4,12 @@
     python bench/grpo_step.py --trials 5     # G=4, 16 prompts per round, 8 new tokens, fp32
     python bench/grpo_step.py --quick        # one trial
 
-The parts are the real programs of a run (stack.step, stack.algorithms.grpo), each timed
+The parts are the real programs of a run (stack.engine.step, stack.algorithms.grpo), each timed
 alone on the same round after compiling (the fastest of 5 calls): generation (the KV-cache sampler) and the old
 log-probs (the training forward over the sampled sequences; skipped, 0, with one optimizer
-step per round), which `collect` runs as one program; scoring (the reward functions in their worker process, on the host); finalize
-(advantages) and the update. A round is collect + scoring + finalize + update. Goal:
+step per round), which `collect` runs as one program; scoring (the reward functions in their worker
+process, on the host); finalize (advantages) and the update. A round is collect + scoring + finalize
++ update. Goal:
 generation under half of the round.
 """
 
@@ -21,13 +22,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from hydra import compose, initialize_config_module
-
 from rows import emit  # bench/ is on sys.path when run as a script
 from step_overhead import bench_args
+
 from stack.algorithms.onpolicy import completion_logps
-from stack.build import build
+from stack.engine.trainer import Trainer
 from stack.rollout import generate, sample_keys
-from stack.trainer import Trainer
+from stack.run.build import build
 
 SIZES = {"tiny": ["model=llama_tiny", "algorithm.num_generations=4", "algorithm.max_new_tokens=8",
                   "data.batch_size=16", "trainer.steps=8", "trainer.eval_batches=1"]}

@@ -19,7 +19,7 @@ import statistics
 from rows import emit  # bench/ is on sys.path when run as a script
 from step_overhead import Capture, experiment, fresh
 
-from stack.trainer import Trainer
+from stack.engine.trainer import Trainer
 
 CADENCES = (1, 10, 100)
 

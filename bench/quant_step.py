@@ -56,7 +56,7 @@ def child(name: str, size: list[str]) -> None:
     """Train the variant for 10 steps and print its live array and peak resident MiB."""
     import jax
 
-    from stack.trainer import Trainer
+    from stack.engine.trainer import Trainer
 
     exp = experiment(size + VARIANTS[name] + ["hardware.peak_flops_per_chip=1e12"])  # no CPU probe
     trainer = Trainer(replace(exp, train_batches=Fixed(exp.eval_batches[0])))

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from hydra import compose, initialize_config_module
-
 from rows import emit  # bench/ is on sys.path when run as a script
 from step_overhead import bench_args
+
 from stack.models.init import init_model
 from stack.rollout import Sampling, generate
 

@@ -5,12 +5,12 @@
     python bench/step_overhead.py --quick    # tiny, one trial; medium's FLOP/s from 5 steps
 
 Both sides use the same model, batch and Optax chain (built from one config). Ours is the
-real trainer (`stack.trainer.Trainer`: rounds, hooks, donation), once fed the same fixed
+real trainer (`stack.engine.trainer.Trainer`: rounds, hooks, donation), once fed the same fixed
 batch as the baseline (loop overhead) and once fed by the Grain pipeline (loop + data);
 the baseline is a bare jitted value_and_grad + optax update. Trials alternate and the
 minimum (least disturbed by other load on the machine) and the median are reported;
 the goal is a loop-overhead ratio <= 1.05. Also reported: the medium step's achieved FLOP/s over
-the matmul peak (on CPU: stack.hardware's probe, run in this process before every trial, the best
+the matmul peak (on CPU: stack.hardware.platform's probe, run in this process before every trial, the best
 step over the best probe: a single probe read 305 and 494 GFLOP/s in runs minutes apart while the
 step held steady; else `perf/mfu`; goal >= 0.60, a row for medium only: tiny's step is too small
 to keep the cores' matmul units busy and is printed, not judged).
@@ -31,17 +31,17 @@ import optax
 from flax import nnx
 from hydra import compose, initialize_config_module
 from jax.sharding import NamedSharding, PartitionSpec
-
 from rows import emit  # bench/ is on sys.path when run as a script
-from stack.build import build
-from stack.cpu_compiler import configure_cpu_compiler
-from stack.cpu_dispatch import configure_cpu_dispatch
-from stack.hardware import measure_cpu_peak
-from stack.host_memory import keep_freed_host_memory
-from stack.trainer import Trainer
 
-keep_freed_host_memory()  # as `python -m stack` does on CPU before jax starts its threads (stack.app)
-gc.freeze()  # the imported heap, as `python -m stack` freezes it after its imports (stack.collector)
+from stack.engine.trainer import Trainer
+from stack.hardware.cpu_compiler import configure_cpu_compiler
+from stack.hardware.cpu_dispatch import configure_cpu_dispatch
+from stack.hardware.host_memory import keep_freed_host_memory
+from stack.hardware.platform import measure_cpu_peak
+from stack.run.build import build
+
+keep_freed_host_memory()  # as `python -m stack` does on CPU before jax starts its threads (stack.cli.app)
+gc.freeze()  # the imported heap, as `python -m stack` freezes it after its imports (stack.hardware.gc_freeze)
 
 SIZES = {
     "tiny": ["model=llama_tiny", "trainer.steps=300"],
@@ -109,8 +109,9 @@ def experiment(overrides: list[str]):
         cfg = compose("config", overrides=overrides + ["logger=jsonl", "trainer.eval_every=0",
                                                        "trainer.eval_batches=1"])
     cfg.trainer.log_every = cfg.trainer.steps  # one window: every step after the compiling one
-    configure_cpu_dispatch(cfg)  # as `python -m stack` does; the process's first call decides (stack.cpu_dispatch)
-    configure_cpu_compiler(cfg)  # as `python -m stack` does (stack.cpu_compiler)
+    # as `python -m stack` does; the process's first call decides (stack.hardware.cpu_dispatch)
+    configure_cpu_dispatch(cfg)
+    configure_cpu_compiler(cfg)  # as `python -m stack` does (stack.hardware.cpu_compiler)
     return build(cfg, tempfile.mkdtemp())
 
 
@@ -176,7 +177,8 @@ def bench_args(doc: str, sizes: dict, parser: argparse.ArgumentParser | None = N
         steps = [o for o in sizes[args.sizes[0]] if o.startswith("trainer.steps=")]
         if steps and int(steps[0].split("=")[1]) > 80:
             sizes[args.sizes[0]] = [o for o in sizes[args.sizes[0]] if o not in steps] + ["trainer.steps=80"]
-    print(f"jax {jax.__version__}, {args.trials} alternating trials")  # no device yet: stack.cpu_dispatch first
+    # no device yet: stack.hardware.cpu_dispatch first
+    print(f"jax {jax.__version__}, {args.trials} alternating trials")
     return args
 
 

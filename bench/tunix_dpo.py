@@ -60,16 +60,16 @@ from typing import Any
 import flax
 import jax
 import numpy as np
-from flax import nnx
-
 from dpo_step import PAIRS  # bench/ is on sys.path when run as a script
 from dpo_step import SIZES as DPO_SIZES
+from flax import nnx
 from rows import emit
 from step_overhead import Fixed, experiment
-from stack.trainer import Trainer
-from stack.trainer.context import Hook, Run
-from stack.trainer.evaluation import Evaluation
 from tunix_grpo import SHARD_VARIABLES, flax_flag, tunix_model
+
+from stack.engine.trainer import Trainer
+from stack.engine.trainer.context import Hook, Run
+from stack.engine.trainer.evaluation import Evaluation
 
 SIZES = {size: [o for o in DPO_SIZES[size] if not o.startswith("trainer.steps=")]
          + ["data=jsonl_prefs", "algorithm=dpo", f"data.batch_size={PAIRS[size]}"] for size in ("tiny",)}

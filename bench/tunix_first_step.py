@@ -6,8 +6,8 @@
 
 - stack: the CLI itself (`python -m stack` with CONFIG: tunix_dpo.py's config, one step, no checkpoints):
   imports, composition, build, reading the shipped preference data with Grain, compiling and
-  running the first step (the step-0 eval runs after it: stack.trainer.evaluation). Its defaults
-  include the persistent compilation cache (`trainer.compilation_cache=auto`, stack.cache). Each
+  running the first step (the step-0 eval runs after it: stack.engine.trainer.evaluation). Its defaults
+  include the persistent compilation cache (`trainer.compilation_cache=auto`, stack.hardware.compile_cache). Each
   trial runs it twice against a new, empty cache root: the first run (compiles everything, fills
   the cache), then the same command again (a rerun). An import hook wraps the Throughput hook's
   `after_step`, which blocks on the first step's metrics; the time is read right after it.
@@ -16,7 +16,7 @@
   eval, and train one step on stack's first batch (saved beforehand as Tunix's TrainingInput
   arrays: it reads no data files). The time is read in `_post_process_train_step` after
   blocking on the model's state. Tunix sets no persistent cache: its every run is a first run.
-Each side compiles with its own defaults: stack's CLI at LLVM -O1 (stack.cpu_compiler), Tunix's script
+Each side compiles with its own defaults: stack's CLI at LLVM -O1 (stack.hardware.cpu_compiler), Tunix's script
 with XLA's (-O2; set to -O1 it read 4.7 instead of 5.9 s).
 Fresh processes after one untimed process that imports both sides' packages (`warm_imports`),
 `JAX_COMPILATION_CACHE_DIR` empty, the order alternating by trial; the clock
@@ -34,7 +34,6 @@ import tempfile
 import time
 
 import numpy as np
-
 from rows import emit  # bench/ is on sys.path when run as a script
 from step_overhead import experiment
 from tunix_dpo import overrides, tunix_inputs
@@ -42,7 +41,7 @@ from tunix_grpo import SHARD_VARIABLES, flax_flag
 
 CONFIG = [*overrides("tiny", 1), "checkpoint=none", "logger=jsonl"]  # tunix_dpo.py's config, one step
 # the environment each side starts from: tunix_files' experiment() adds stack's XLA:CPU flags to this
-# process's (stack.cpu_compiler), which `python -m stack` sets for itself and Tunix's script must not get
+# process's (stack.hardware.cpu_compiler), which `python -m stack` sets for itself and Tunix's script must not get
 ENV = dict(os.environ)
 
 STACK_SIDE = """
@@ -50,7 +49,7 @@ import importlib.abc, importlib.machinery, runpy, sys, time
 
 class AtFirstStep(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "stack.trainer.metrics":
+        if name != "stack.engine.trainer.metrics":
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -143,7 +142,7 @@ def warm_imports(work: str) -> None:
     process after this one's start ran slower, and that was always stack's first run (trial 0 runs
     it first): 4.08 / 4.14 / 3.82 s against 3.70 / 3.51 / 3.46 s in trial 1 (three runs of 2
     trials; Tunix the same in both, 5.25-5.45 s). With it: 3.62 / 3.59 against 3.61 / 3.51 s."""
-    code = "import jax, flax.nnx, tunix.sft.dpo.dpo_trainer, stack.app, stack.run"
+    code = "import jax, flax.nnx, tunix.sft.dpo.dpo_trainer, stack.cli.app, stack.run.modes"
     subprocess.run([sys.executable, "-c", code], env={**ENV, "JAX_PLATFORMS": "cpu"}, cwd=work, check=True,
                    capture_output=True)
 

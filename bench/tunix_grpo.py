@@ -54,16 +54,16 @@ import numpy as np
 from flax import nnx
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
-
 from rows import emit  # bench/ is on sys.path when run as a script
-from stack.build import build
+
 from stack.data import records
 from stack.data.chat import TEMPLATES
 from stack.data.tokenizers import ByteTokenizer
+from stack.engine.trainer import Trainer
+from stack.engine.trainer.context import Hook, Run
+from stack.engine.trainer.evaluation import Evaluation
 from stack.rewards.functions import accuracy
-from stack.trainer import Trainer
-from stack.trainer.context import Hook, Run
-from stack.trainer.evaluation import Evaluation
+from stack.run.build import build
 
 SIZES = {"tiny": ["model=llama_tiny", "algorithm.num_generations=4", "algorithm.max_new_tokens=8",
                   "data.batch_size=16", "reward.functions=[accuracy]", "trainer.eval_every=0",
@@ -89,7 +89,7 @@ def steady(ends: list[float], warmup: int) -> float:
 
 
 def experiment(size: str, rounds: int) -> Any:
-    """The stack Experiment (stack.build) of `size` for `rounds` GRPO rounds."""
+    """The stack Experiment (stack.run.build) of `size` for `rounds` GRPO rounds."""
     with initialize_config_module("stack.conf", version_base=None):
         cfg = compose("config", overrides=["data=jsonl_prompts", "algorithm=grpo", "logger=jsonl",
                                            *SIZES[size], f"trainer.steps={rounds}"])

@@ -1,6 +1,8 @@
 """The `conf/` folder, shipped as the package `stack.conf` (Hydra: pkg://stack.conf).
 
-Importing it registers the dataclass schemas, so the Compose API works on its own.
+Importing it registers the dataclass schemas and resolvers, so the Compose API works on its own.
 """
 
-import stack.schema  # noqa: F401  (registers schemas and resolvers)
+from stack.config.schema import register
+
+register()

@@ -1,9 +1,12 @@
-"""`python -m stack`: see stack.app. Ctrl-C outside the training loop (the loop installs its own
-handler: it saves first) ends the process at once with one line and exit code 130."""
+"""`python -m stack` and the `stack` console script: see stack.cli.app. Ctrl-C outside the training
+loop (the loop installs its own handler: it saves first) ends the process at once with one line and
+exit code 130."""
 
 import os
 import signal
 import sys
+
+from stack.hardware.gc_freeze import frozen_imports
 
 
 def interrupted(signum: int, frame: object) -> None:
@@ -14,11 +17,14 @@ def interrupted(signum: int, frame: object) -> None:
     os._exit(130)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The entry point (pyproject's `stack` script and `python -m stack`)."""
     signal.signal(signal.SIGINT, interrupted)
-    from stack.collector import frozen_imports
+    with frozen_imports("stack.cli.app"):  # the heap after imports is frozen (stack.hardware.gc_freeze)
+        from stack.cli.app import main as app_main  # imported inside the freeze, after the Ctrl-C handler
 
-    with frozen_imports("stack.app"):  # the heap after imports is frozen (stack.collector)
-        from stack.app import main
+    app_main()
 
+
+if __name__ == "__main__":
     main()

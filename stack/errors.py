@@ -21,6 +21,69 @@ class DataError(ConfigError):
     """A data file or record that cannot be used; the message starts with `file:line: `."""
 
 
+class ModuleMoved(ModuleNotFoundError):
+    """An import of a module path of stack 0.1, which moved when stack/ became layered packages
+    (stack 0.2): the message names the new path (raised by the finder stack/__init__.py installs)."""
+
+
+# stack 0.1's module paths -> stack 0.2's (a submodule of a moved package moved with it)
+MOVED = {
+    "stack.app": "stack.cli.app",
+    "stack.build": "stack.run.build",
+    "stack.cache": "stack.hardware.compile_cache",
+    "stack.checkpoint": "stack.checkpoint.manager",
+    "stack.checkpoint_errors": "stack.checkpoint.errors",
+    "stack.collector": "stack.hardware.gc_freeze",
+    "stack.compile": "stack.engine.aot",
+    "stack.compose_errors": "stack.config.compose_errors",
+    "stack.cpu_compiler": "stack.hardware.cpu_compiler",
+    "stack.cpu_dispatch": "stack.hardware.cpu_dispatch",
+    "stack.generate": "stack.tools.generate",
+    "stack.gpu_target": "stack.hardware.gpu_target",
+    "stack.hardware": "stack.hardware.platform",
+    "stack.hf": "stack.tools.hf",
+    "stack.host_fit": "stack.hardware.host_fit",
+    "stack.host_memory": "stack.hardware.host_memory",
+    "stack.hydra_plugin": "stack.launch.hydra_plugin",
+    "stack.hydra_run": "stack.launch.hydra_job",
+    "stack.jobstatus": "stack.checkpoint.job_status",
+    "stack.launch_cloud": "stack.launch.cloud",
+    "stack.launch_slurm": "stack.launch.slurm",
+    "stack.launcher": "stack.launch.local",
+    "stack.models.hf_config": "stack.config.hf_config",
+    "stack.parallel": "stack.hardware.mesh",
+    "stack.policy": "stack.checkpoint.policy",
+    "stack.precompile": "stack.engine.precompile",
+    "stack.precompute": "stack.engine.precompute",
+    "stack.quant.config": "stack.config.quantization",
+    "stack.quantize": "stack.tools.quantize",
+    "stack.recipe_compile": "stack.tools.recipe_compile",
+    "stack.recipes": "stack.tools.recipes",
+    "stack.report": "stack.launch.report",
+    "stack.run": "stack.run.modes",
+    "stack.rundir": "stack.checkpoint.rundir",
+    "stack.saved_params": "stack.checkpoint.saved_params",
+    "stack.schema": "stack.config.schema",
+    "stack.step": "stack.engine.step",
+    "stack.summary": "stack.engine.summary",
+    "stack.sweeper": "stack.launch.sweeper",
+    "stack.targets": "stack.config.targets",
+    "stack.trainer": "stack.engine.trainer",
+    "stack.validate": "stack.config.validate",
+    "stack.warm_start": "stack.run.warm_start",
+    "stack.worker_cores": "stack.launch.worker_cores",
+}
+
+
+def moved_to(name: str) -> str | None:
+    """Where module `name` of stack 0.1 lives now (None: it did not move)."""
+    def inside(old: str) -> bool:  # a submodule of a moved package (not of a name that is now a package)
+        return name.startswith(old + ".") and not MOVED[old].startswith(old + ".")
+
+    old = next((o for o in sorted(MOVED, key=len, reverse=True) if name == o or inside(o)), None)
+    return None if old is None else MOVED[old] + name[len(old):]
+
+
 def short(value: object, limit: int = 80) -> str:
     """`value` as text, its middle cut out when longer than `limit` (errors echo user input)."""
     text = str(value)

@@ -1,6 +1,6 @@
 """The Algorithm protocol: everything the one trainer knows about an objective.
 
-The trainer (stack.trainer) runs *rounds*. Each round it
+The trainer (stack.engine.trainer) runs *rounds*. Each round it
   1. reads `trainer.grad_accum × schedule.minibatches` data batches, stacked as
      `batch[n, B, ...]` (numeric columns on device; strings such as a prompt's `answer`
      stay on the host, in `host`);
@@ -12,9 +12,10 @@ The trainer (stack.trainer) runs *rounds*. Each round it
   4. `xp, state, metrics = finalize(xp, scores, state)`: pure and jitted (advantages,
      whitening, a KL controller's update); `finalize = None` for offline methods;
   5. `epochs × minibatches` optimizer steps. Minibatch i is `xp[i·a:(i+1)·a]` with
-     a = `trainer.grad_accum` (with `schedule.shuffle`, rows of a fresh permutation per epoch); the step scans its micro-batches and sums the gradients
-     and the `(numerator, denominator)` that `loss` returns: the loss is Σnum / Σden over
-     the whole minibatch, so every item weighs the same however the batch is split.
+     a = `trainer.grad_accum` (with `schedule.shuffle`, rows of a fresh permutation per
+     epoch); the step scans its micro-batches and sums the gradients and the
+     `(numerator, denominator)` that `loss` returns: the loss is Σnum / Σden over the
+     whole minibatch, so every item weighs the same however the batch is split.
      `num`/`den` may be vectors of terms (the loss is then Σ_i num_i / den_i, e.g. DPO
      plus an NLL term); `den` counts items (tokens, pairs) and may not depend on params.
 
@@ -29,7 +30,7 @@ reads `data_kinds`, `schedule`, `score` and `precomputes` only.
 
 `precomputes`: what `collect` adds depends only on the frozen modules and the record
 (DPO's reference log-probs with `precompute_reference=true`), so the trainer computes it
-once per record before training (stack.precompute), stores the tables with the data
+once per record before training (stack.engine.precompute), stores the tables with the data
 state, and drops the frozen modules; `collect` then passes such batches through.
 
 How GRPO and PPO plug in: `collect` samples G completions per prompt with the KV-cache

@@ -29,7 +29,7 @@ gradient) and read by the loss from the experience (`ref_logps`, [batch, 2]). Th
 - the quantization provider's base view when it has one (LoRA: the policy with its adapters
   off), so no second copy of the base weights exists (not combinable with `reference.init_from`).
 With `precompute_reference=true` the trainer runs `collect` once over every record before
-training (stack.precompute) and stores `ref_logps` with the data state in each checkpoint;
+training (stack.engine.precompute) and stores `ref_logps` with the data state in each checkpoint;
 no reference model is kept or run during training.
 """
 
@@ -44,7 +44,7 @@ from flax import nnx
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, loss_metrics, map_micro, real_tokens
 from stack.algorithms.dpo_losses import LossParams, Pairs, pair_losses, rewards
 from stack.algorithms.reference import Reference
-from stack.schema.algorithm import DPOConfig
+from stack.config.schema.algorithm import DPOConfig
 
 LOSS_TYPES = DPOConfig.loss_types
 

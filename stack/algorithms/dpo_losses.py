@@ -40,7 +40,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from stack.schema.algorithm import DPOConfig
+from stack.config.schema.algorithm import DPOConfig
 
 ls = jax.nn.log_sigmoid
 

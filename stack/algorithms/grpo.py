@@ -45,12 +45,19 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.onpolicy import (completion_logps, host_rules, mismatch, reward_model, score_on_host,
-                                      scored_rewards, with_model_scores)
+from stack.algorithms.onpolicy import (
+    completion_logps,
+    host_rules,
+    mismatch,
+    reward_model,
+    score_on_host,
+    scored_rewards,
+    with_model_scores,
+)
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import clipped_surrogate, group_advantages, high_entropy, kl_estimate, masked_mean
+from stack.config.schema.algorithm import GRPOConfig
 from stack.rollout import Sampling, generate, sample_keys
-from stack.schema.algorithm import GRPOConfig
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
 

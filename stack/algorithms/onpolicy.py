@@ -11,8 +11,8 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics
+from stack.hardware.mesh import from_process_rows, process_rows
 from stack.models.modules import is_abstract
-from stack.parallel import from_process_rows, process_rows
 from stack.rewards.model import ModelReward
 
 
@@ -83,7 +83,7 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
                   rows: Any) -> np.ndarray | jax.Array:
     """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward); the host
     columns (e.g. `answer`) are repeated for the completions of each prompt. Each process scores
-    the completions of its own prompts (`rows`: the batch sharding, stack.parallel.process_rows)."""
+    the completions of its own prompts (`rows`: the batch sharding, stack.hardware.mesh.process_rows)."""
     ids, prompt_mask, completion, mask = process_rows(
         (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]), rows)
     n, local = completion.shape[:2]

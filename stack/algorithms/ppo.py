@@ -43,21 +43,37 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.onpolicy import (completion_features, completion_logps, host_rules, reward_model,
-                                      score_on_host, scored_rewards, with_model_scores)
+from stack.algorithms.onpolicy import (
+    completion_features,
+    completion_logps,
+    host_rules,
+    reward_model,
+    score_on_host,
+    scored_rewards,
+    with_model_scores,
+)
 from stack.algorithms.reference import Reference
-from stack.algorithms.rlmath import (adaptive_kl_coef, clipped_surrogate, clipped_value_loss, gae, kl_estimate,
-                                     masked_mean, masked_whiten)
+from stack.algorithms.rlmath import (
+    adaptive_kl_coef,
+    clipped_surrogate,
+    clipped_value_loss,
+    gae,
+    kl_estimate,
+    masked_mean,
+    masked_whiten,
+)
+from stack.config.schema.rlhf import PPOConfig
 from stack.errors import ConfigError
 from stack.models.heads import Critic, make_head
 from stack.models.modules import copy_module
 from stack.rollout import Sampling, generate, sample_keys
-from stack.schema.rlhf import PPOConfig
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
 
 
-def rewards_per_token(kl: jax.Array, score: jax.Array, mask: jax.Array, kl_coef: jax.Array) -> tuple[jax.Array, jax.Array]:
+def rewards_per_token(
+    kl: jax.Array, score: jax.Array, mask: jax.Array, kl_coef: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """(rewards, non-score rewards) [B, N]: −kl_coef · KL on real tokens, the score added on the last."""
     non_score = -kl_coef * kl * mask
     last = jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0)

@@ -7,7 +7,9 @@ from typing import Any, Callable
 
 from flax import nnx
 
+from stack.checkpoint.saved_params import load_params
 from stack.errors import ConfigError
+from stack.models.hf import load_hf_weights
 from stack.models.modules import copy_module, is_abstract
 
 
@@ -38,13 +40,9 @@ def _load(reference: nnx.Module, init_from: str, model_cfg: Any) -> None:
     """`init_from`'s params into `reference`: hf:DIR (its config.json must match `model_cfg`) or a
     stack run's checkpoints dir."""
     if init_from.startswith("hf:"):
-        from stack.models.hf import load_hf_weights
-
         if model_cfg is None:
             raise ConfigError(f"'algorithm.reference.init_from'={init_from!r}: a Hugging Face reference needs the "
                               "run's model config to check config.json against.")
         load_hf_weights(reference, model_cfg, init_from)
     else:
-        from stack.saved_params import load_params
-
         load_params(reference, init_from)

@@ -9,7 +9,7 @@
 - Metrics: `accuracy` (fraction of pairs with r_chosen > r_rejected), `margin` (mean of
   r_chosen − r_rejected), `rewards/chosen`, `rewards/rejected` (mean scores), `mean_reward`.
 - A trained reward model scores text with `stack.rewards.model.score_texts` or
-  `python -m stack.generate RUN/checkpoints --prompt P --score C`; GRPO and PPO read it with `reward=model`.
+  `python -m stack.tools.generate RUN/checkpoints --prompt P --score C`; GRPO and PPO read it with `reward=model`.
 """
 
 from typing import Any
@@ -19,8 +19,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, loss_metrics
+from stack.config.schema.rlhf import RMConfig
 from stack.models.heads import ScalarHead, at_last, make_head
-from stack.schema.rlhf import RMConfig
+from stack.rewards.model import pair_rows
 
 
 def sequence_scores(trunk: nnx.Module, head: ScalarHead, tokens: jax.Array, segments: jax.Array,
@@ -28,15 +29,6 @@ def sequence_scores(trunk: nnx.Module, head: ScalarHead, tokens: jax.Array, segm
     """Scores [B] of token rows [B, T] at each row's last real token (`segments` > 0)."""
     features = trunk(tokens, positions, segments, features=True)
     return at_last(head(features), segments)
-
-
-def pair_rows(batch: Batch) -> tuple[jax.Array, jax.Array]:
-    """(tokens, segments) [2B, T+1] of preference rows [B, 2, T]: the whole sequence of each
-    side (the first input, then the targets), 1 on its real tokens."""
-    inputs, targets, segments = (batch[k].reshape(-1, batch[k].shape[-1]) for k in ("inputs", "targets",
-                                                                                   "segment_ids"))
-    tokens = jnp.concatenate([inputs[:, :1], targets], -1)
-    return tokens, jnp.concatenate([jnp.ones_like(segments[:, :1]), segments], -1)
 
 
 def bradley_terry(chosen: jax.Array, rejected: jax.Array, margin: jax.Array | float = 0.0,

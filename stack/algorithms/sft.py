@@ -8,7 +8,7 @@ import optax
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, loss_metrics, real_tokens
-from stack.schema.algorithm import SFTConfig
+from stack.config.schema.algorithm import SFTConfig
 
 
 class SFT:

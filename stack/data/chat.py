@@ -10,6 +10,7 @@ wrapped in the tokenizer's BOS ... EOS.
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from stack.data.chat_jinja import from_tokenizer
 from stack.errors import DataError
 
 ROLES = ("system", "user", "assistant")
@@ -62,6 +63,4 @@ def make_template(name: str, tokenizer: str) -> Any:
     """The template `data.chat_template` names; `tokenizer`: the one of `data.tokenizer`."""
     if name != "tokenizer":
         return TEMPLATES[name]
-    from stack.data.chat_jinja import from_tokenizer
-
     return from_tokenizer(tokenizer)

@@ -17,6 +17,11 @@ import re
 from datetime import datetime
 from typing import Any
 
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from stack.errors import ConfigError, DataError
 
 OPEN, CLOSE = "\ue000", "\ue001"  # private-use marks around a generation span while rendering
@@ -25,11 +30,6 @@ Pieces = list[tuple[str, bool]]
 
 
 def _environment() -> Any:
-    import jinja2
-    from jinja2 import nodes
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     class Generation(Extension):
         """`{% generation %}...{% endgeneration %}`: the body, marked as a span that carries loss."""
 
@@ -83,8 +83,6 @@ class JinjaTemplate:
     own_specials = True  # the rendered text holds BOS / end-of-turn tokens itself
 
     def __init__(self, source: str, specials: dict[str, str], where: str):
-        import jinja2
-
         self.source, self.specials, self.where = source, specials, where
         self.has_generation = re.search(r"\{%-?\s*generation\s*-?%\}", source) is not None
         try:
@@ -102,8 +100,6 @@ class JinjaTemplate:
     def render_text(self, messages: list[dict[str, str]], generation_prompt: bool = False,
                     where: str = "record") -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and its loss spans [(start, end)) in characters."""
-        import jinja2
-
         if any(OPEN in m["content"] or CLOSE in m["content"] for m in messages):
             raise DataError(f"{where}: a message holds the private-use characters U+E000/U+E001, which the chat "
                             "template renderer reserves.")

@@ -20,10 +20,10 @@ import json
 import os
 from typing import Any
 
-Template = Any  # stack.data.chat.ChatTemplate or stack.data.chat_jinja.JinjaTemplate: .render(messages, ...)
-
 from stack.data.chat import check_messages
 from stack.errors import DataError
+
+Template = Any  # stack.data.chat.ChatTemplate or stack.data.chat_jinja.JinjaTemplate: .render(messages, ...)
 
 Pieces = list[tuple[str, bool]]
 KINDS = ("text", "sft", "preference", "prompt")

@@ -1,5 +1,6 @@
 """Tokenizers: a built-in byte-level one, local Hugging Face tokenizer.json and SentencePiece models."""
 
+import json
 import os
 from typing import Any, Protocol
 
@@ -42,7 +43,7 @@ class HFTokenizer:
     """A local Hugging Face `tokenizer.json` (via `tokenizers`); specials found by name."""
 
     def __init__(self, path: str):
-        from tokenizers import Tokenizer as _Tok
+        from tokenizers import Tokenizer as _Tok  # only for tokenizer.json files
 
         self._tok = _Tok.from_file(path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
@@ -75,7 +76,7 @@ class SentencePieceTokenizer:
     """A local SentencePiece `.model` file; bos/eos/pad as the model sets them (no pad: eos)."""
 
     def __init__(self, path: str):
-        import sentencepiece as spm
+        import sentencepiece as spm  # only for SentencePiece models
 
         self.path = path
         try:
@@ -140,8 +141,6 @@ def dir_tokenizer(root: str) -> Tokenizer:
 def _model_specials(tok: Tokenizer, root: str) -> Tokenizer:
     """In a Hugging Face model dir, the bos/eos ids of its config.json win over the names found
     (a list of eos ids, as Llama 3 Instruct writes: its first)."""
-    import json
-
     path = os.path.join(root, "config.json")
     if not os.path.isfile(path):
         return tok

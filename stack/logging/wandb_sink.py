@@ -20,7 +20,7 @@ class WandbSink:
     """Logs metrics to its own wandb run.
 
     `cfg` provides `project`, `entity`, `mode` ("offline" | "online" | "disabled"),
-    `init_timeout` (seconds) and `tags` (see `stack.schema.logger.LoggerConfig`).
+    `init_timeout` (seconds) and `tags` (see `stack.config.schema.logger.LoggerConfig`).
     If an online init fails (timeout, auth, network), a one-line warning is issued and
     the run is started offline with the same id; upload it later with `wandb sync`.
     Online needs credentials (WANDB_API_KEY or `wandb login`): without them, wandb

@@ -1,4 +1,4 @@
-"""Hugging Face Llama interop: safetensors <-> NNX params (config.json: stack.models.hf_config).
+"""Hugging Face Llama interop: safetensors <-> NNX params (config.json: stack.config.hf_config).
 
 HF's `LlamaForCausalLM` uses the same rotate-half RoPE as `stack.models.llama`, so q/k need
 no permutation; torch `Linear.weight` is [out, in], our kernels are [in, out] (transposed).
@@ -19,8 +19,9 @@ from jax.sharding import AbstractMesh, NamedSharding, SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from stack.config.hf_config import check_config, hf_config, read_config
 from stack.errors import ConfigError, bad_choice
-from stack.models.hf_config import check_config, hf_config, read_config
+from stack.models.shape import LlamaShape
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -67,7 +68,7 @@ def _tensor_files(root: str) -> dict[str, str]:
         return {name: single for name in f.keys()}
 
 
-def _check_tensors(root: str, cfg: Any, params: dict, files: dict[str, str]) -> dict[str, list[str]]:
+def _check_tensors(root: str, cfg: LlamaShape, params: dict, files: dict[str, str]) -> dict[str, list[str]]:
     """Names and shapes checked against the model before anything is read; file -> its names."""
     missing = sorted(set(params) - set(files))
     if missing:
@@ -92,7 +93,7 @@ def _check_tensors(root: str, cfg: Any, params: dict, files: dict[str, str]) -> 
     return by_file
 
 
-def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
+def load_hf_weights(model: nnx.Module, cfg: LlamaShape, path: str) -> None:
     """Load a HF Llama checkpoint (`hf:DIR` or `DIR`) into `model` in place.
 
     Reads `config.json` (checked against `cfg`) and `model.safetensors` or the shards of
@@ -104,7 +105,7 @@ def load_hf_weights(model: nnx.Module, cfg: Any, path: str) -> None:
     _load(root, cfg, _params(model))
 
 
-def load_hf_reward(trunk: nnx.Module, head: nnx.Module, cfg: Any, path: str) -> None:
+def load_hf_reward(trunk: nnx.Module, head: nnx.Module, cfg: LlamaShape, path: str) -> None:
     """Load a HF LlamaForSequenceClassification with one label (TRL's reward model) into `trunk`
     (a Llama) and `head` (a stack.models.heads.ScalarHead, from `score.weight`). The checkpoint
     has no LM head: the trunk's is zeroed (a score reads the final hidden states only)."""
@@ -119,7 +120,7 @@ def load_hf_reward(trunk: nnx.Module, head: nnx.Module, cfg: Any, path: str) -> 
                                                           lambda i: zeros[i]))
 
 
-def _load(root: str, cfg: Any, params: dict[str, tuple[nnx.Variable, bool]]) -> None:
+def _load(root: str, cfg: LlamaShape, params: dict[str, tuple[nnx.Variable, bool]]) -> None:
     """The tensors of `root` named in `params` into their variables (all checked first)."""
     try:
         for file, names in _check_tensors(root, cfg, params, _tensor_files(root)).items():
@@ -134,7 +135,7 @@ def _load(root: str, cfg: Any, params: dict[str, tuple[nnx.Variable, bool]]) -> 
                           "truncated; re-download or re-export them.") from None
 
 
-def export_hf(model: nnx.Module, cfg: Any, out_dir: str, tokenizer_dir: str | None = None,
+def export_hf(model: nnx.Module, cfg: LlamaShape, out_dir: str, tokenizer_dir: str | None = None,
               dtype: str = "float32", specials: dict[str, int | None] | None = None,
               score: np.ndarray | None = None) -> None:
     """Write `model` as a HF LlamaForCausalLM: config.json (`specials`: bos/eos/pad_token_id),

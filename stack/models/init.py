@@ -9,14 +9,15 @@ either way.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
 from flax import nnx
 
-from stack.cpu_compiler import CPU_LEVEL, LEVEL_FLAG
+from stack.hardware.cpu_compiler import CPU_LEVEL, LEVEL_FLAG
 from stack.models.llama import Block, Llama, head_dim_of
+from stack.models.shape import LlamaShape
 
 
 def _eager_sharding() -> nnx.use_eager_sharding:
@@ -29,19 +30,19 @@ def _rngs(seed: int) -> nnx.Rngs:
 
     With plain counters every key draw in a trace costs O(trace length) (flax's
     `Variable.set_value` reads a tracer's `.sharding`, whose error message scans the whole
-    jaxpr), so tracing a 70B build takes ~7 s instead of ~1 s.
+    jaxpr), so tracing a 70B build takes several times longer.
     """
     with nnx.var_defaults(ref=True):
         return nnx.Rngs(seed)
 
 
-# XLA:CPU compiles the init at LLVM -O1 (stack.cpu_compiler's level, here whatever XLA_FLAGS says): the
+# XLA:CPU compiles the init at LLVM -O1 (stack.hardware.cpu_compiler's level, here whatever XLA_FLAGS says): the
 # bits of the default -O2 (tiny to Llama 3 1B), as fast to run, ~1/3 less compile time (tiny 1.10 ->
 # 0.71 s, d_model 512 1.42 -> 1.05 s); -O0 changes last bits.
 CPU_INIT_OPTIONS = {LEVEL_FLAG.removeprefix("--"): CPU_LEVEL}
 
 
-def _skip_layers(cfg: Any, marks: list) -> Callable[[nnx.Rngs], list]:
+def _skip_layers(cfg: LlamaShape, marks: list) -> Callable[[nnx.Rngs], list]:
     """A `layers` builder for `Llama` that draws no layer: it advances the stream past the keys the
     layers would draw (one block traced for its count; XLA drops its arrays) and records in `marks`
     the count before the layers and the draws per layer."""
@@ -57,7 +58,7 @@ def _skip_layers(cfg: Any, marks: list) -> Callable[[nnx.Rngs], list]:
     return skip
 
 
-def init_model(cfg: Any, seed: int) -> Llama:
+def init_model(cfg: LlamaShape, seed: int) -> Llama:
     """Initialise a Llama from `cfg` with `nnx.Rngs(seed)`: the same random streams as eager
     `Llama(cfg, rngs=nnx.Rngs(seed))` (equal up to float rounding of the fused initializers), the
     bits of the whole build jitted as one program.
@@ -90,13 +91,13 @@ def init_model(cfg: Any, seed: int) -> Llama:
     return model
 
 
-def abstract_model(cfg: Any) -> Llama:
+def abstract_model(cfg: LlamaShape) -> Llama:
     """Shape-only Llama (ShapeDtypeStruct leaves, sharding metadata kept); allocates nothing."""
     with _eager_sharding():
         return nnx.eval_shape(lambda: Llama(cfg, rngs=_rngs(0)))
 
 
-def param_count(cfg: Any) -> int:
+def param_count(cfg: LlamaShape) -> int:
     """Number of parameters of the model described by `cfg`, without allocating them."""
     params = nnx.state(abstract_model(cfg), nnx.Param)
     return sum(math.prod(x.shape) for x in jax.tree.leaves(params))

@@ -28,12 +28,13 @@ from stack.models.kv_cache import KVCache
 from stack.models.layer_stack import run_layers
 from stack.models.qkv import qkv
 from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
+from stack.models.shape import LlamaShape
 from stack.models.swiglu import swiglu
 
 Array = jax.Array
 
 
-def _linear(d_in: int, d_out: int, names: tuple[str, str], cfg: Any, rngs: nnx.Rngs) -> nnx.Linear:
+def _linear(d_in: int, d_out: int, names: tuple[str, str], cfg: LlamaShape, rngs: nnx.Rngs) -> nnx.Linear:
     """Bias-free projection with a normal(init_std) kernel annotated with logical axes."""
     init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), names)
     return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=init, dtype=jnp.dtype(cfg.dtype),
@@ -60,9 +61,9 @@ class Attention(nnx.Module):
     Q, K and V projections as one product with a hand-written backward (stack.models.qkv) and, in
     calls without a cache, stack.models.attention_core (hand-written backward, causal query blocks)
     instead of autodiff of the einsums below; `unfuse`d as the MLP is. Unfused, that core gained
-    nothing (medium step, in-process A/B: 1.011 / 1.021 min / median; int8 QAT 0.995 / 1.015)."""
+    nothing, so it comes with the fused projections only."""
 
-    def __init__(self, cfg: Any, head_dim: int, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: LlamaShape, head_dim: int, *, rngs: nnx.Rngs):
         d, h, kv = cfg.d_model, cfg.n_heads, cfg.n_kv_heads
         if h % kv:
             raise ValueError(f"n_kv_heads={kv} must divide n_heads={h}")
@@ -109,11 +110,11 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). `fused`: stack.models.swiglu, gate and up one
     product of the kernels stacked at call time, [D, 2, F] (params keep HF's layout), with a hand-written
-    backward: a medium layer's MLP forward + backward in 66.5 ms on 2 CPU cores against 91 ms unfused.
-    `unfuse`d for Qwix (it intercepts each projection's call) and off CPU (stack.build: Llama 3 8B SFT
-    on a v5e-16 compiled to +0.45 GiB per chip fused)."""
+    backward, faster on CPU than unfused. `unfuse`d for Qwix (it intercepts each projection's call) and
+    off CPU (stack.checkpoint.policy.initial_model: fused, Llama 3 8B SFT on TPU compiled to more memory
+    per chip)."""
 
-    def __init__(self, cfg: Any, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: LlamaShape, *, rngs: nnx.Rngs):
         self.gate_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), cfg, rngs)
         self.up_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), cfg, rngs)
         self.down_proj = _linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"), cfg, rngs)
@@ -138,7 +139,7 @@ def unfuse(model: nnx.Module) -> nnx.Module:
 class Block(nnx.Module):
     """Pre-norm residual decoder block: x + attn(norm(x)), then + mlp(norm(.))."""
 
-    def __init__(self, cfg: Any, head_dim: int, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: LlamaShape, head_dim: int, *, rngs: nnx.Rngs):
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs)
         self.attn = Attention(cfg, head_dim, rngs=rngs)
@@ -155,7 +156,7 @@ class Block(nnx.Module):
         return x + self.mlp(self.mlp_norm(x)), kv
 
 
-def head_dim_of(cfg: Any) -> int:
+def head_dim_of(cfg: LlamaShape) -> int:
     """The attention head size: `head_dim`, or d_model / n_heads when unset."""
     return cfg.head_dim or cfg.d_model // cfg.n_heads
 
@@ -163,7 +164,7 @@ def head_dim_of(cfg: Any) -> int:
 class Llama(nnx.Module):
     """Llama decoder: tokens [B, T] int32 -> float32 logits [B, T, vocab_size]."""
 
-    def __init__(self, cfg: Any, *, rngs: nnx.Rngs, layers: Optional[Callable[[nnx.Rngs], list]] = None):
+    def __init__(self, cfg: LlamaShape, *, rngs: nnx.Rngs, layers: Optional[Callable[[nnx.Rngs], list]] = None):
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         head_dim = head_dim_of(cfg)
         if head_dim % 2:

@@ -12,8 +12,8 @@ def is_abstract(module: nnx.Module) -> bool:
 def copy_module(module: nnx.Module) -> nnx.Module:
     """A copy of `module` with its own arrays, each sharded as its original (other leaves, e.g.
     shape-only ones, stay as they are). `jax.device_put(..., may_alias=False)` copies every buffer
-    in the runtime, with no program to compile (a jitted copy took 0.016-0.026 s to compile alone
-    and 0.64 s beside stack.precompile's compile on 2 cores)."""
+    in the runtime, with no program to compile (a jitted copy's compile is slow beside
+    stack.engine.precompile's)."""
     graphdef, state = nnx.split(module)
     leaves, treedef = jax.tree.flatten(state)
     where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]

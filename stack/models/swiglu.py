@@ -4,16 +4,13 @@ Transformer"; as HF LlamaMLP: down(silu(gate(x)) * up(x))).
 The forward computes gate and up as one product of the two kernels stacked, [D, 2, F]. Autodiff
 of that product's slices pads both halves' cotangents back into [.., 2, F] and transposes the
 sum for the weight gradients; the backward here takes gate's and up's cotangents as they are,
-in four products. On 2 CPU cores (d_model 512, d_ff 1408, 2,048 tokens, fp32) a layer's MLP
-forward + backward takes 66.5 ms against 80.8 ms by autodiff of the same forward. The gradients
-are those of autodiff up to float rounding (tests/unit/test_swiglu.py).
+in four products, which is faster on CPU than autodiff of the same forward. The gradients are
+those of autodiff up to float rounding (tests/unit/test_swiglu.py).
 
 XLA:CPU feeds a weight gradient's product the token-major operand transposed, as a copy. The down
 kernel's gradient is therefore taken as (dy^T h)^T: the copy is of dy [N, D], not of h = silu(g)·u
-[N, F] (for F > D the larger one, whose transposing copy XLA fused with the product silu(g)·u:
-37 ms a layer at the size above, ~8 % of the medium bench step's op time). A layer's forward +
-backward, min of 20 interleaved in one process on 2026-12-05 (a slower day than the figures above):
-117 ms with h transposed, 94 ms with dy."""
+[N, F] (for F > D the larger one, whose transposing copy XLA fused with the product silu(g)·u and
+made the layer slower)."""
 
 import jax
 import jax.numpy as jnp

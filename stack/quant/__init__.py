@@ -3,6 +3,6 @@ QLoRA, none) that the rest of the code asks; nothing outside `stack/quant*` test
 name. `config` checks the group's config (no jax), `rules` checks rules against a model and
 builds Qwix rules, `providers` holds the provider classes, `merge` folds LoRA adapters into
 their base weights for export (and a PTQ model's back to float), `ptq` is post-training
-quantization with calibrated activation scales and its report (`python -m stack.quantize`),
+quantization with calibrated activation scales and its report (`python -m stack.tools.quantize`),
 `footprint` is what `mode=compile` reports the quantization saves.
 """

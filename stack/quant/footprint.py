@@ -7,8 +7,8 @@ from typing import Any
 import jax
 from flax import nnx
 
+from stack.hardware.mesh import bits, bytes_per_device, layout_on, opt_state_shardings
 from stack.models.init import abstract_model
-from stack.parallel import bits, bytes_per_device, layout_on, opt_state_shardings
 
 GiB = 2**30
 

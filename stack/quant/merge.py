@@ -1,4 +1,4 @@
-"""Folding LoRA adapters into their base weights, for export (`stack.hf export --merge-adapters`),
+"""Folding LoRA adapters into their base weights, for export (`stack.tools.hf export --merge-adapters`),
 and a PTQ model's weights back to float.
 
 Qwix LoRA keeps, on each adapted `nnx.Linear`, the frozen `kernel` [in, out] (a QLoRA base: a

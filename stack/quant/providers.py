@@ -3,7 +3,7 @@
 Every provider has:
 - `apply(model, abstract)`: the model with the rules applied (rules checked first, stack.quant.rules);
 - `trainable`: an nnx filter of the policy's variables that train, which is what a checkpoint
-  saves of the policy (LoRA: the adapters only; `stack.quant.config.has_adapters` says so from
+  saves of the policy (LoRA: the adapters only; `stack.config.quantization.has_adapters` says so from
   the config alone);
 - `base`: the model with adapters off (the reference of a LoRA run), or None;
 - `unquantized`: the float view of a fake-quantized model (QAT's float eval), or None;
@@ -16,7 +16,7 @@ pass (straight-through gradients); the params stay float and train as usual.
 to the matched projections (step 0 equals the base model); a rule's `weight_qtype` stores the
 frozen base quantized (QLoRA). Only the adapters train; the base is rebuilt from `seed` /
 `model.init_from` on every start and never checkpointed.
-`ptq`: not a training provider (validation refuses it for training; `python -m stack.quantize`
+`ptq`: not a training provider (validation refuses it for training; `python -m stack.tools.quantize`
 makes a PTQ checkpoint, stack.quant.ptq). `apply` gives the structure such a checkpoint is read
 into (Qwix `PtqProvider`: quantized weights, static activation scales); `finalize` dequantizes.
 """
@@ -52,9 +52,8 @@ def unquantized(model: nnx.Module) -> nnx.Module:
 def run_once(quantize: Callable[[nnx.Module, jax.Array], nnx.Module], model: nnx.Module,
              abstract: bool) -> nnx.Module:
     """`quantize(model, example tokens)` in one jitted program (eager, Qwix's forward would
-    compile every op on its own: 4.6 s against 1.1 s for llama_qlora_sft on CPU; the same values
-    and shardings); `abstract`: shape-only (no concrete array is created, the mesh may be a
-    compile-only TPU topology)."""
+    compile every op on its own, several times slower; the same values and shardings); `abstract`:
+    shape-only (no concrete array is created, the mesh may be a compile-only TPU topology)."""
     model = unfuse(model)  # Qwix intercepts each projection's own call
     if abstract:
         return nnx.eval_shape(quantize, model, jax.ShapeDtypeStruct(EXAMPLE, jnp.int32))

@@ -23,7 +23,7 @@ import optax
 import qwix
 from flax import nnx
 
-from stack.parallel import bits
+from stack.hardware.mesh import bits
 from stack.quant.providers import run_once
 from stack.quant.rules import qwix_rules
 

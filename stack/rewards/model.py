@@ -20,9 +20,24 @@ import numpy as np
 from flax import nnx
 from omegaconf import DictConfig, OmegaConf
 
-from stack.algorithms.rm import pair_rows
+from stack.checkpoint.policy import load_policy, run_config
+from stack.checkpoint.saved_params import assign_params
+from stack.config.hf_config import hf_config_to_model, hf_model_config, read_config
+from stack.data.encode import Encoder
+from stack.data.tokenizers import dir_tokenizer, make_tokenizer
 from stack.errors import ConfigError
 from stack.models.heads import ScalarHead, at_last
+from stack.models.hf import load_hf_reward
+from stack.models.init import abstract_model
+
+
+def pair_rows(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(tokens, segments) [2B, T+1] of preference rows [B, 2, T]: the whole sequence of each
+    side (the first input, then the targets), 1 on its real tokens."""
+    inputs, targets, segments = (batch[k].reshape(-1, batch[k].shape[-1]) for k in ("inputs", "targets",
+                                                                                   "segment_ids"))
+    tokens = jnp.concatenate([inputs[:, :1], targets], -1)
+    return tokens, jnp.concatenate([jnp.ones_like(segments[:, :1]), segments], -1)
 
 
 class RewardScorer(nnx.Module):
@@ -40,18 +55,16 @@ class RewardScorer(nnx.Module):
 class ModelReward:
     """The reward model of a checkpoints dir written by an `algorithm=rm` run, or `hf:DIR`: a
     Hugging Face LlamaForSequenceClassification with one label (TRL RewardTrainer's output,
-    `stack.hf export` of an RM run); with `rules`, rule functions scored beside it on the host
+    `stack.tools.hf export` of an RM run); with `rules`, rule functions scored beside it on the host
     (TRL's reward_funcs mixing models and functions), the model's score weighted by `weight`."""
 
     init_from: str
-    key: str = "'reward.init_from'"  # how errors name init_from (the stack.generate --score path)
+    key: str = "'reward.init_from'"  # how errors name init_from (the stack.tools.generate --score path)
     rules: Any = None  # a stack.rewards.RewardRunner, or None: the model alone
     weight: float = 1.0
 
     def run_config(self) -> DictConfig:
         """The resolved config of the run that wrote the checkpoints (its `config.yaml`)."""
-        from stack.policy import run_config
-
         if self.init_from.startswith("hf:"):
             raise ConfigError(f"{self.key}={self.init_from!r} is a Hugging Face reward model; this needs the "
                               "checkpoints of an algorithm=rm run (RUN/checkpoints).")
@@ -63,10 +76,7 @@ class ModelReward:
 
     def reader(self) -> tuple[Any, DictConfig]:
         """The tokenizer and `model` config it reads text with: its run's, or for `hf:DIR` the dir's
-        `config.json` and `tokenizer.json` (the byte tokenizer without one, as stack.generate)."""
-        from stack.data.tokenizers import dir_tokenizer, make_tokenizer
-        from stack.models.hf_config import hf_model_config
-
+        `config.json` and `tokenizer.json` (the byte tokenizer without one, as stack.tools.generate)."""
         if self.init_from.startswith("hf:"):
             return dir_tokenizer(self.init_from.removeprefix("hf:")), hf_model_config(self.init_from, reward=True)
         cfg = self.run_config()
@@ -80,10 +90,6 @@ class ModelReward:
     def load(self, abstract: bool = False, policy_cfg: DictConfig | None = None) -> RewardScorer:
         """The reward model with its trained params (shape-only when `abstract`: mode=compile);
         `policy_cfg` (the policy's `model` config) gives an `hf:` model its dtypes."""
-        from stack.models.init import abstract_model
-        from stack.policy import load_policy
-        from stack.saved_params import assign_params
-
         if self.init_from.startswith("hf:"):
             return self._load_hf(abstract, policy_cfg)
         model_cfg = self.run_config().model
@@ -98,10 +104,6 @@ class ModelReward:
         return RewardScorer(trunk, head)
 
     def _load_hf(self, abstract: bool, policy_cfg: DictConfig) -> RewardScorer:
-        from stack.models.hf import load_hf_reward
-        from stack.models.hf_config import hf_config_to_model, read_config
-        from stack.models.init import abstract_model
-
         model_cfg = OmegaConf.merge(policy_cfg, hf_config_to_model(read_config(self.init_from), reward=True))
         trunk = abstract_model(model_cfg)  # sharded as the policy is, under the run's mesh
         with nnx.use_eager_sharding(False):
@@ -114,8 +116,6 @@ class ModelReward:
 def score_texts(path: str, prompts: list[str], completions: list[str]) -> np.ndarray:
     """The reward model's float32 score of each (prompt, completion), encoded as its data encoded a
     pair's side; `path`: an algorithm=rm run's checkpoints or `hf:DIR` (TRL RewardTrainer's output)."""
-    from stack.data.encode import Encoder
-
     reward = ModelReward(path, key="--score's reward model (an algorithm=rm run's checkpoints or a HF dir)")
     tokenizer, model_cfg = reward.reader()
     scorer = reward.load(policy_cfg=model_cfg)

@@ -9,10 +9,10 @@ import tempfile
 import jax
 from flax import nnx
 
-from stack.build import build
-from stack.compile import abstract_run, lower_update
-from stack.trainer import Trainer
-from tests.conftest import QUICK, make_cfg
+from stack.engine.aot import abstract_run, lower_update
+from stack.engine.trainer import Trainer
+from stack.run.build import build
+from tests.helpers import QUICK, make_cfg
 
 
 def main(overrides: list[str]) -> None:

@@ -14,9 +14,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from stack.build import build
-from stack.trainer import Trainer
-from tests.conftest import QUICK, captured, make_cfg
+from stack.engine.trainer import Trainer
+from stack.run.build import build
+from tests.helpers import QUICK, captured, make_cfg
 
 BASE = QUICK + ["trainer.steps=5", "data.batch_size=16"]
 SAVED = "mesh=fsdp_tp"  # this run also writes a checkpoint (read back on one device by the test)
@@ -55,7 +55,8 @@ def main(meshes):
         adam = next(s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu"))
         mu = adam.mu["policy"]["layers"][0]["attn"]["q_proj"]["kernel"]
         mu = mu.get_value() if hasattr(mu, "get_value") else mu
-        result["shards"][mesh]["adam_mu/q_proj"] = {"shards": sorted({tuple(s.data.shape) for s in mu.addressable_shards})}
+        result["shards"][mesh]["adam_mu/q_proj"] = {
+            "shards": sorted({tuple(s.data.shape) for s in mu.addressable_shards})}
     print(json.dumps(result))
 
 

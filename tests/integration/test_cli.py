@@ -2,15 +2,17 @@
 
 import json
 import os
-import signal
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from stack.logging.wandb_reader import read_offline_run
-from tests.conftest import make_cfg, run_cli
-from tests.conftest import read_metrics as metrics
+from tests.helpers import make_cfg, run_cli
+from tests.helpers import read_metrics as metrics
 
 SMALL = ["logger=jsonl", "trainer.log_every=5", "trainer.eval_every=10", "trainer.eval_batches=2"]
 
@@ -83,7 +85,7 @@ def test_multirun_grid_own_dirs_failures_do_not_stop_the_sweep_and_a_rerun_is_re
 
 
 def test_task_returns_the_objective(tmp_path):
-    from stack.run import run
+    from stack.run.modes import run
 
     cfg = make_cfg(SMALL + ["trainer.steps=5", f"run_dir={tmp_path}"])
     objective = run(cfg)
@@ -113,7 +115,8 @@ def test_wandb_group_is_the_sweep_name(tmp_path):
                    f"hydra.sweep.dir={tmp_path}/sweep"], cwd=str(tmp_path),
                   env={"WANDB_DIR": str(tmp_path), "HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr
-    jobs = [tmp_path / "sweep" / d for d in os.listdir(tmp_path / "sweep") if (tmp_path / "sweep" / d / ".hydra").is_dir()]
+    jobs = [tmp_path / "sweep" / d for d in os.listdir(tmp_path / "sweep")
+            if (tmp_path / "sweep" / d / ".hydra").is_dir()]
     runs = [read_offline_run(j / "wandb") for j in jobs]  # (the sweep's summary run is sweep/wandb)
     assert len({r["id"] for r in runs}) == 2
     assert {r["group"] for r in runs} == {str(tmp_path / "sweep").replace("/", "_").strip("_")}
@@ -130,7 +133,7 @@ def test_help_says_what_stack_is_and_lists_the_recipes(tmp_path):
 
 
 def test_mode_validate_builds_shape_only(capsys):
-    from stack.run import run
+    from stack.run.modes import run
 
     run(make_cfg(["mode=validate", "model=llama3_70b"]))
     assert "70,553,706,496 params" in capsys.readouterr().out
@@ -170,7 +173,8 @@ def test_bad_record_mid_run_stops_with_file_and_line(tmp_path):
     good = [json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) for i in range(40)]
     (tmp_path / "train.jsonl").write_text("\n".join(good[:30] + ['{"prompt": "x"}'] + good[30:]) + "\n")
     (tmp_path / "eval.jsonl").write_text("\n".join(good[:8]) + "\n")
-    res = run_cli(SMALL + ["data=jsonl_sft", f"data.path={tmp_path}/train.jsonl", f"data.eval_path={tmp_path}/eval.jsonl",
+    res = run_cli(SMALL + ["data=jsonl_sft", f"data.path={tmp_path}/train.jsonl",
+                           f"data.eval_path={tmp_path}/eval.jsonl",
                            "data.shuffle=false", "data.batch_size=4", "trainer.steps=20", f"run_dir={tmp_path}/r"],
                   cwd=str(tmp_path))
     assert res.returncode == 2, res.stderr
@@ -206,3 +210,31 @@ def test_ctrl_c_stops_the_sweep_and_no_later_job_starts(tmp_path):
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted (Ctrl-C)", err[-2000:]
     assert not (sweep / "1").exists() and not (sweep / "2").exists()
     assert any(s.isdigit() for s in os.listdir(sweep / "0" / "checkpoints"))  # job 0 saved before stopping
+
+
+def console_script(args: list[str], cwd, env: dict | None = None):
+    """The installed `stack` console script (pyproject's [project.scripts]) beside this Python."""
+    script = os.path.join(os.path.dirname(sys.executable), "stack")
+    full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
+    return subprocess.run([script, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_stack_command_runs_composes_and_completes(tmp_path):
+    res = console_script(["+recipe=llama_sft", "trainer.steps=2", "trainer.eval_batches=1", "logger=jsonl",
+                          f"run_dir={tmp_path / 'run'}"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [r["step"] for r in metrics(tmp_path / "run") if "train/loss" in r][-1] == 2
+    res = console_script(["+recipe=llama_dpo", "--cfg", "job"], tmp_path)
+    assert res.returncode == 0 and yaml.safe_load(res.stdout)["algorithm"]["name"] == "dpo", res.stderr[-2000:]
+    res = console_script(["--shell-completion", "install=bash"], tmp_path)
+    assert "complete -o nospace -o default -F hydra_bash_completion stack" in res.stdout, res.stderr[-2000:]
+    res = console_script(["--shell-completion", "query=bash"], tmp_path,
+                         env={"COMP_LINE": "stack algorithm=", "COMP_POINT": "16"})
+    assert set(res.stdout.split()) == {f"algorithm={a}" for a in ("dpo", "grpo", "ppo", "rm", "sft")}, res.stderr
+
+
+def test_an_old_tool_path_names_the_new_one(tmp_path):
+    """`python -m stack.hf export ...` (stack 0.1) says where the tool lives now."""
+    res = subprocess.run([sys.executable, "-m", "stack.hf", "export", "x"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode != 0 and "it moved to 'stack.tools.hf'" in res.stderr, res.stderr

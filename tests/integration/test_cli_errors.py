@@ -7,7 +7,7 @@ import sys
 
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, run_cli
+from tests.helpers import REPO, run_cli
 
 
 def test_cli_error_is_one_paragraph_with_nonzero_exit(tmp_path):
@@ -40,7 +40,7 @@ def test_data_kind_and_vocab_are_checked_against_algorithm_and_model(tmp_path):
 
 
 def test_cfg_job_prints_config_without_importing_jax():
-    code = ("import sys; from stack.app import preflight; preflight(['+recipe=llama_sft', '--cfg', 'job']); "
+    code = ("import sys; from stack.cli.app import preflight; preflight(['+recipe=llama_sft', '--cfg', 'job']); "
             "assert 'jax' not in sys.modules, 'jax was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
     out = subprocess.run([sys.executable, "-m", "stack", "+recipe=llama_sft", "--cfg", "job"],

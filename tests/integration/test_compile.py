@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from stack.errors import ConfigError
-from tests.conftest import make_cfg, run_cli
+from tests.helpers import make_cfg, run_cli
 
 TINY_V5E = ["hardware=tpu_v5e", "mesh=fsdp", "mode=compile"]  # v5e:2x2, fsdp over 4 chips
 GiB = 1024**3
@@ -35,7 +35,7 @@ def tpu_extra(test):
 
 def compile_cfg(overrides, capsys):
     """(exit code, stdout) of compile_for_target for `overrides`."""
-    from stack.compile import compile_for_target
+    from stack.run.modes import compile_for_target
 
     code = compile_for_target(make_cfg(overrides))
     return code, capsys.readouterr().out
@@ -48,7 +48,7 @@ def gib(out: str, label: str) -> float:
 
 
 def test_host_bounds():
-    from stack.compile import host_bounds
+    from stack.engine.aot import host_bounds
 
     assert host_bounds("v5e:2x2") == (2, 2, 1)
     assert host_bounds("v5e:2x4") == (2, 4, 1)  # v5litepod-8: one host with 8 chips
@@ -58,13 +58,13 @@ def test_host_bounds():
 
 
 def test_tpu_target_without_libtpu_says_how_to_install(monkeypatch):
-    import stack.compile
+    import stack.engine.aot
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(stack.compile.importlib.util, "find_spec",
+    monkeypatch.setattr(stack.engine.aot.importlib.util, "find_spec",
                         lambda name, *a: None if name == "libtpu" else real(name, *a))
     with pytest.raises(ConfigError, match=re.escape('pip install -e ".[tpu]"')) as e:
-        stack.compile.target_devices(make_cfg(TINY_V5E).hardware)
+        stack.engine.aot.target_devices(make_cfg(TINY_V5E).hardware)
     assert "libtpu" in str(e.value) and "jax[tpu]==" in str(e.value)
 
 

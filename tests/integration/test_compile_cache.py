@@ -3,7 +3,7 @@ program is a cache hit: no entry is added) and trains to the same losses."""
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli
+from tests.helpers import read_metrics, run_cli
 
 RUN = ["+recipe=llama_sft", "checkpoint=none", "trainer.steps=3", "trainer.log_every=1", "trainer.eval_batches=1"]
 

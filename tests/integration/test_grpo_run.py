@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli
+from tests.helpers import read_metrics, run_cli
 from tests.integration.test_resume import kill_at_step_and_rerun
 
 PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23), strict=True)]

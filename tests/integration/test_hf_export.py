@@ -1,4 +1,4 @@
-"""A trained run's checkpoint -> `python -m stack.hf export` -> transformers loads it with the
+"""A trained run's checkpoint -> `python -m stack.tools.hf export` -> transformers loads it with the
 same logits -> `model.init_from=hf:DIR` starts a run from it with the same eval loss."""
 
 import json
@@ -11,10 +11,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="the reference needs torch (pip install -e '.[hf]', Python 3.11)")
 transformers = pytest.importorskip("transformers", reason="the reference needs transformers (the hf extra)")
 
-from stack.saved_params import load_params  # noqa: E402
+from stack.checkpoint.saved_params import load_params  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
 from stack.models.init import init_model  # noqa: E402
-from tests.conftest import make_cfg, run_cli  # noqa: E402
+from tests.helpers import make_cfg, run_cli  # noqa: E402
 
 RUN = ["+recipe=llama_sft", "trainer.log_every=5", "trainer.eval_every=0", "trainer.eval_batches=2",
        "data.batch_size=8", "logger=jsonl"]
@@ -25,7 +25,8 @@ def test_export_loads_in_transformers_and_imports_back(tmp_path):
     res = run_cli(RUN + ["trainer.steps=10", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     out = tmp_path / "hf"
-    exported = subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out)],
+    exported = subprocess.run([sys.executable, "-m", "stack.tools.hf", "export", str(a / "checkpoints"),
+                               "--out", str(out)],
                               capture_output=True, text=True)
     assert exported.returncode == 0, exported.stderr
     assert "exported step 10" in exported.stdout
@@ -50,13 +51,14 @@ def test_export_loads_in_transformers_and_imports_back(tmp_path):
 
 
 def generate_cli(path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stack.generate", str(path), *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "stack.tools.generate", str(path), *args],
+                          capture_output=True, text=True)
 
 
 def test_generate_from_a_checkpoint_and_from_its_hf_export_match_transformers(tmp_path):
     a, out = tmp_path / "a", tmp_path / "hf"
     assert run_cli(RUN + ["trainer.steps=20", "checkpoint=local", f"run_dir={a}"], cwd=str(tmp_path)).returncode == 0
-    assert subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a), "--out", str(out)],  # a run dir
+    assert subprocess.run([sys.executable, "-m", "stack.tools.hf", "export", str(a), "--out", str(out)],  # a run dir
                           capture_output=True).returncode == 0  # stands for its checkpoints dir
     prompts = ["--prompt", "12+7=", "--prompt", "3+45="]
     ours = generate_cli(a / "checkpoints", *prompts, "--greedy", "--max-new-tokens", "5")
@@ -89,10 +91,10 @@ def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
     equal the stack model with its adapters (base rebuilt from the run's seed, adapters loaded)."""
     from flax import nnx
 
-    from stack.saved_params import assign_params, read_params
-    from stack.hf import export
-    from stack.policy import load_policy
+    from stack.checkpoint.policy import load_policy
+    from stack.checkpoint.saved_params import assign_params, read_params
     from stack.quant.providers import make_quantization
+    from stack.tools.hf import export
 
     lora = ["quantization=lora", "quantization.rules.0.rank=4", "optimizer.lr=1e-2"]
     a, out = tmp_path / "a", tmp_path / "hf"
@@ -100,8 +102,8 @@ def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     with pytest.raises(ConfigError, match="adapters only.*pass --merge-adapters"):
         export(str(a / "checkpoints"), str(out))
-    merged = subprocess.run([sys.executable, "-m", "stack.hf", "export", str(a / "checkpoints"), "--out", str(out),
-                             "--merge-adapters"], capture_output=True, text=True)
+    merged = subprocess.run([sys.executable, "-m", "stack.tools.hf", "export", str(a / "checkpoints"),
+                             "--out", str(out), "--merge-adapters"], capture_output=True, text=True)
     assert merged.returncode == 0, merged.stderr[-2000:]
 
     cfg = make_cfg(RUN + lora)
@@ -120,5 +122,5 @@ def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
     assert np.abs(base - want).max() > 1e-3  # the adapters moved: the merge is not a no-op
     with pytest.raises(ConfigError, match="adapters only.*--merge-adapters"):
         load_params(init_model(cfg.model, 0), str(a / "checkpoints"))  # e.g. model.init_from=<a LoRA run>
-    policy, _, _ = load_policy(str(a / "checkpoints"))  # what stack.generate samples from: merged here
+    policy, _, _ = load_policy(str(a / "checkpoints"))  # what stack.tools.generate samples from: merged here
     np.testing.assert_allclose(np.asarray(policy(tokens)), want, atol=1e-4)

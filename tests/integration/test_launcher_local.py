@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import fake_devices, read_metrics, run_cli
-from tests.conftest import train_losses as losses
+from tests.helpers import fake_devices, read_metrics, run_cli
+from tests.helpers import train_losses as losses
 from tests.integration.test_grpo_run import args as grpo_args
 
 COMMON = ["mesh=dp", "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl"]
@@ -30,7 +30,9 @@ def assert_same_losses(a, b) -> None:
     assert list(a.values()) == pytest.approx(list(b.values()), rel=1e-5)  # summation order differs only
 
 
-@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a == "sft" else a for a in sorted(RUNS)])  # sft: slow tier
+# sft: slow tier
+@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a == "sft" else a
+                                       for a in sorted(RUNS)])
 def test_two_processes_train_like_one(algorithm, tmp_path):
     args = RUNS[algorithm] + COMMON
     one = run_cli(args + [f"run_dir={tmp_path}/one"], str(tmp_path), env=fake_devices(8))
@@ -45,7 +47,7 @@ def test_two_processes_train_like_one(algorithm, tmp_path):
     assert "done: 6 steps" in (tmp_path / "two" / "rank1.log").read_text()
     assert not {"app.log", "__main__.log", ".hydra"} & set(os.listdir(tmp_path / "two"))  # Hydra's files: none
     assert sorted(os.listdir(tmp_path)) == ["one", "two"]  # nor under outputs/ or hydra.run.dir
-    if algorithm == "sft":  # the path of a 2-task SLURM job (stack.launch_slurm), locally
+    if algorithm == "sft":  # the path of a 2-task SLURM job (stack.launch.slurm), locally
         assert_submitit_two_tasks_train_like(tmp_path / "one", args, tmp_path)
 
 
@@ -72,7 +74,7 @@ def test_a_killed_two_process_run_resumes(tmp_path):
 
 def test_grpo_on_two_processes_samples_and_scores_like_one(tmp_path):
     """Each process decodes and scores the completions of its own prompts (host rewards over the
-    process-local rows, stack.parallel.process_rows): the same per-step rewards and losses as
+    process-local rows, stack.hardware.mesh.process_rows): the same per-step rewards and losses as
     1 process x 8 devices (before, scoring fetched the global completions and failed)."""
     def run(name: str, extra: list[str], devices: int) -> dict:
         cfg = grpo_args(tmp_path, tmp_path / name) + ["checkpoint=none", "trainer.steps=4", "mesh=dp", *extra,
@@ -118,7 +120,8 @@ def test_mode_compile_on_two_processes_reports_from_both_and_leaves_no_hydra_fil
     """mode=compile through launcher=local: both ranks compile the step over the 2-process mesh and
     report; Hydra's job dir is the run dir, which gets no app.log (before: an empty one, appended to
     by every rank) and no `.hydra/`."""
-    args = ["model=llama_tiny", "mode=compile", *LOCAL, f"run_dir={tmp_path}/run", f"hydra.run.dir={tmp_path}/elsewhere"]
+    args = ["model=llama_tiny", "mode=compile", *LOCAL, f"run_dir={tmp_path}/run",
+            f"hydra.run.dir={tmp_path}/elsewhere"]
     res = run_cli(args, str(tmp_path), env=fake_devices(1))
     assert res.returncode == 0 and "2 processes exited with [0, 0]" in res.stderr, res.stderr[-3000:]
     assert "per device (train step)" in res.stdout
@@ -244,7 +247,7 @@ def test_cfg_job_with_a_launcher_prints_the_config_and_starts_nothing(launcher, 
 
 def assert_submitit_two_tasks_train_like(reference, args: list[str], tmp_path) -> None:
     """hydra/launcher=submitit_local with 2 tasks x 4 devices: the tasks become one JAX program
-    through the rank mapping of stack.launch_slurm and train step for step like `reference`."""
+    through the rank mapping of stack.launch.slurm and train step for step like `reference`."""
     sweep = tmp_path / "sweep"
     res = run_cli(["-m", *args, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
                    f"hydra.sweep.dir={sweep}"], str(tmp_path), env=fake_devices(4))

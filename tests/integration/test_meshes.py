@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from stack.hardware import PROBE_VERSION
-from tests.conftest import REPO, fake_devices
+from stack.hardware.platform import PROBE_VERSION
+from tests.helpers import REPO, fake_devices
 
 MESHES = ["mesh=single", "mesh=dp", "mesh=fsdp", "mesh=fsdp_tp", "mesh=fsdp_tp mesh.data=2 mesh.tensor=2"]
 
@@ -51,7 +51,7 @@ def test_a_checkpoint_written_on_8_devices_reads_back_on_one(result):
     import jax
     import numpy as np
 
-    from stack.saved_params import read_params
+    from stack.checkpoint.saved_params import read_params
 
     assert jax.device_count() != result["devices"]
     saved = read_params(os.path.join(result["saved"], "checkpoints"))
@@ -82,8 +82,8 @@ def test_shard_shapes(result):
     (["mesh=dp", "mesh.data=2", "mesh.fsdp=-1", "data.batch_size=6"], ["batch_size=6"]),
 ])
 def test_impossible_meshes_fail_before_compile(argv, words, tmp_path):
-    code = ("import sys; from stack.app import preflight; from stack.build import build; "
-            "from tests.conftest import make_cfg; "
+    code = ("import sys; from stack.cli.app import preflight; from stack.run.build import build; "
+            "from tests.helpers import make_cfg; "
             f"build(make_cfg({argv!r} + ['run_dir={tmp_path}']), '{tmp_path}')")
     env = fake_devices(8)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
@@ -93,7 +93,7 @@ def test_impossible_meshes_fail_before_compile(argv, words, tmp_path):
 
 
 def test_mesh_sizes_that_cannot_fill_the_devices(tmp_path):
-    code = ("from stack.build import build; from tests.conftest import make_cfg; "
+    code = ("from stack.run.build import build; from tests.helpers import make_cfg; "
             f"build(make_cfg(['mesh=fsdp_tp', 'mesh.tensor=3', 'model.n_heads=6', 'model.n_kv_heads=3', "
             f"'model.d_model=96']), '{tmp_path}')")
     env = fake_devices(8)
@@ -173,9 +173,9 @@ def test_grpo_generation_and_training_under_meshes_and_lora_match_single_device(
 
 
 def test_the_cpu_peak_probe_runs_under_a_mesh_of_several_devices(tmp_path):
-    """The trainer asks for the peak inside its mesh (stack.trainer.metrics.PeakProbe): the probe's
+    """The trainer asks for the peak inside its mesh (stack.engine.trainer.metrics.PeakProbe): the probe's
     one-device matmul failed there with 'Received incompatible devices for jitted computation'."""
-    probe = ("import jax; from jax.sharding import AxisType; from stack.hardware import measure_cpu_peak\n"
+    probe = ("import jax; from jax.sharding import AxisType; from stack.hardware.platform import measure_cpu_peak\n"
              "mesh = jax.make_mesh((4,), ('data',), axis_types=(AxisType.Auto,))\n"
              "with jax.set_mesh(mesh):\n    print(measure_cpu_peak(None))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=fake_devices(4), capture_output=True, text=True,

@@ -13,10 +13,10 @@ import pytest
 from flax import nnx
 
 from stack.algorithms.onpolicy import model_scores
-from stack.build import build
+from stack.engine.step import split_models
 from stack.rewards.model import score_texts
-from stack.step import split_models
-from tests.conftest import make_cfg, read_metrics, run_cli
+from stack.run.build import build
+from tests.helpers import make_cfg, read_metrics, run_cli
 from tests.integration.test_resume import kill_at_step_and_rerun
 
 PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23), strict=True)]
@@ -57,11 +57,12 @@ def test_kill_9_during_ppo_resumes_exactly(tmp_path):
 
 
 def export_loads_with_its_value_head(run_dir, out) -> None:
-    """`stack.hf export` of a PPO policy: transformers loads it; the value head lies beside it."""
+    """`stack.tools.hf export` of a PPO policy: transformers loads it; the value head lies beside it."""
     transformers = pytest.importorskip("transformers", reason="the export check needs transformers")
     from safetensors.numpy import load_file
 
-    res = subprocess.run([sys.executable, "-m", "stack.hf", "export", str(run_dir / "checkpoints"), "--out", str(out)],
+    res = subprocess.run([sys.executable, "-m", "stack.tools.hf", "export", str(run_dir / "checkpoints"),
+                          "--out", str(out)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     transformers.LlamaForCausalLM.from_pretrained(str(out))
@@ -71,7 +72,8 @@ def export_loads_with_its_value_head(run_dir, out) -> None:
 def test_reward_model_scores_ppo_completions_as_it_scores_text(tmp_path, capsys):
     rm_dir = tmp_path / "rm"
     res = run_cli(["algorithm=rm", "data=jsonl_prefs", "data.batch_size=8", "trainer.steps=3", "trainer.eval_every=0",
-                   "trainer.eval_batches=1", "checkpoint=local", "logger=jsonl", f"run_dir={rm_dir}"], cwd=str(tmp_path))
+                   "trainer.eval_batches=1", "checkpoint=local", "logger=jsonl", f"run_dir={rm_dir}"],
+                  cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     rm = str(rm_dir / "checkpoints")
     cfg = make_cfg(args(tmp_path, tmp_path / "ppo", "reward=model", f"reward.init_from={rm}"))
@@ -89,7 +91,8 @@ def test_reward_model_scores_ppo_completions_as_it_scores_text(tmp_path, capsys)
         for i, t in enumerate(texts):
             completion[i, :len(t) + 1] = [*tok.encode(t), tok.eos_id]
         x = {**jax.tree.map(lambda v: v[0], xp), "completion": jnp.asarray(completion),
-             "completion_mask": jnp.asarray((np.arange(4) <= np.array([len(t) for t in texts])[:, None]).astype(np.int32))}
+             "completion_mask": jnp.asarray(
+                 (np.arange(4) <= np.array([len(t) for t in texts])[:, None]).astype(np.int32))}
         got = nnx.jit(model_scores)(frozen.reward_model, x)
     ids, pmask = np.asarray(x["prompt_ids"]), np.asarray(x["prompt_mask"])
     prompts = [tok.decode(p[m > 0][1:].tolist()) for p, m in zip(ids, pmask, strict=True)]  # without BOS
@@ -102,14 +105,14 @@ def test_reward_model_scores_ppo_completions_as_it_scores_text(tmp_path, capsys)
 
 
 def exported_head_scores_like_generate(rm: str, out, capsys) -> None:
-    """`stack.hf export` of the RM is what TRL's RewardTrainer saves: transformers'
+    """`stack.tools.hf export` of the RM is what TRL's RewardTrainer saves: transformers'
     AutoModelForSequenceClassification loads it with no missing or unused weight and gives the
-    scores `python -m stack.generate --score` prints, for the run and for the HF dir alike."""
+    scores `python -m stack.tools.generate --score` prints, for the run and for the HF dir alike."""
     transformers = pytest.importorskip("transformers", reason="the export check needs transformers")
     torch = pytest.importorskip("torch", reason="the export check needs torch")
 
-    from stack.generate import main as generate_main
-    from stack.hf import export
+    from stack.tools.generate import main as generate_main
+    from stack.tools.hf import export
 
     export(rm, str(out))
     capsys.readouterr()

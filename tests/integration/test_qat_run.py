@@ -4,7 +4,7 @@ losses, eval reports the fake-quantized and the float loss, DPO trains with QAT 
 
 import pytest
 
-from tests.conftest import fake_devices, read_metrics, run_cli, train_losses
+from tests.helpers import fake_devices, read_metrics, run_cli, train_losses
 from tests.integration.test_resume import kill_at_step_and_rerun
 
 INT4 = ["quantization=int4_qat", "quantization.rules.0.tile_size=16"]

@@ -1,5 +1,5 @@
-"""`python -m stack.quantize` end to end: a trained SFT run quantized W8A8 with calibrated static
-activation scales, its report on disk, and `python -m stack.generate` sampling from the
+"""`python -m stack.tools.quantize` end to end: a trained SFT run quantized W8A8 with calibrated static
+activation scales, its report on disk, and `python -m stack.tools.generate` sampling from the
 quantized checkpoint."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 def _module(name: str, args: list[str], cwd: str) -> subprocess.CompletedProcess:
@@ -22,7 +22,7 @@ def test_quantize_a_run_report_and_generate_from_it(tmp_path):
                    "checkpoint=local", "logger=jsonl", f"run_dir={run}"], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "w8a8"
-    res = _module("stack.quantize", [str(run / "checkpoints"), "quantization=w8a8_ptq", "trainer.eval_batches=2",
+    res = _module("stack.tools.quantize", [str(run / "checkpoints"), "quantization=w8a8_ptq", "trainer.eval_batches=2",
                                      "--calibration-batches", "2", "--out", str(out)], str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "top-1 agreement" in res.stdout and "quantized" in res.stdout
@@ -33,11 +33,12 @@ def test_quantize_a_run_report_and_generate_from_it(tmp_path):
     assert len(report["activation_scales"]) == 14 and min(report["activation_scales"].values()) > 0
     assert (out / "checkpoints" / "20").is_dir() and (out / "config.yaml").is_file()
 
-    res = _module("stack.generate", [str(out / "checkpoints"), "--prompt", "12+7=", "--greedy",
+    res = _module("stack.tools.generate", [str(out / "checkpoints"), "--prompt", "12+7=", "--greedy",
                                      "--max-new-tokens", "3"], str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.startswith("12+7=")
 
-    res = _module("stack.quantize", [str(run / "checkpoints"), "quantization=w8_ptq", "--out", str(out)], str(tmp_path))
+    res = _module("stack.tools.quantize", [str(run / "checkpoints"), "quantization=w8_ptq", "--out", str(out)],
+                  str(tmp_path))
     assert res.returncode == 2 and "already holds a quantized checkpoint" in res.stderr
     assert json.loads((out / "ptq_report.json").read_text()) == report  # the first run's output untouched

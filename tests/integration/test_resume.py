@@ -14,8 +14,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from stack.logging.wandb_reader import read_offline_run
-from tests.conftest import fake_devices, read_metrics, run_cli
-from tests.conftest import train_losses as losses
+from tests.helpers import fake_devices, read_metrics, run_cli
+from tests.helpers import train_losses as losses
 
 ARGS = ["+recipe=llama_sft", "checkpoint=local", "checkpoint.every=7", "checkpoint.keep=3", "trainer.steps=30",
         "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "data.batch_size=8"]
@@ -209,11 +209,11 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
 
     from stack.algorithms.base import Context
     from stack.algorithms.dpo import DPO
-    from stack.models.init import init_model
+    from stack.checkpoint.saved_params import load_params
     from stack.errors import ConfigError
+    from stack.models.init import init_model
     from stack.quant.providers import NoQuantization
-    from stack.saved_params import load_params
-    from tests.conftest import make_cfg
+    from tests.helpers import make_cfg
 
     a, b = tmp_path / "a", tmp_path / "b"
     small = ["+recipe=llama_sft", "trainer.log_every=5", "trainer.eval_every=0", "trainer.eval_batches=2",
@@ -226,7 +226,7 @@ def test_init_from_a_run_and_a_dpo_reference_from_a_checkpoint(tmp_path):
 
     model = init_model(make_cfg(["algorithm=dpo", "data=jsonl_prefs"]).model, 0)
     own = np.asarray(model.embed.embedding[...])
-    # the run dir stands for its checkpoints dir (stack.saved_params.checkpoints_of)
+    # the run dir stands for its checkpoints dir (stack.checkpoint.saved_params.checkpoints_of)
     reference = DPO(reference={"init_from": str(a)}).setup(model, Context(NoQuantization())).frozen["reference"]
     saved = ocp.CheckpointManager(str(a / "checkpoints")).restore(
         10, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state["params"]["policy"]
@@ -273,7 +273,8 @@ def test_lora_dpo_with_precomputed_reference_resumes_from_the_saved_columns(tmp_
     assert table.shape == (n_train, 2) and np.isfinite(table).all() and (table < 0).all()
     params = json.dumps(jax_keys(saved.state["params"]))
     assert "lora_a" in params and "embedding" not in params and "/kernel/" not in params
-    res = subprocess.run([sys.executable, "-m", "stack.hf", "export", str(b / "checkpoints"), "--out", str(tmp_path / "hf")],
+    res = subprocess.run([sys.executable, "-m", "stack.tools.hf", "export", str(b / "checkpoints"),
+                          "--out", str(tmp_path / "hf")],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "adapters only" in res.stderr and "--merge-adapters" in res.stderr, res.stderr
 

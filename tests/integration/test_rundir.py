@@ -1,4 +1,4 @@
-"""A run dir has one owner (stack/rundir.py): a second run is refused at once and writes
+"""A run dir has one owner (stack/checkpoint/rundir.py): a second run is refused at once and writes
 nothing; the lock of a killed run (kill -9) is taken over by the next one."""
 
 import os
@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
+from stack.checkpoint.rundir import owned
 from stack.errors import ConfigError
-from stack.rundir import owned
-from tests.conftest import QUICK, run_cli
+from tests.helpers import QUICK, run_cli
 
-HOLD = "import sys, time; from stack.rundir import owned\nwith owned(sys.argv[1]):\n print('held', flush=True); time.sleep(120)"
+HOLD = ("import sys, time; from stack.checkpoint.rundir import owned\nwith owned(sys.argv[1]):\n"
+        " print('held', flush=True); time.sleep(120)")
 
 
 def holder(run_dir) -> subprocess.Popen:

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import optuna
 
-from stack.worker_cores import share
-from tests.conftest import fake_devices, run_cli
+from stack.launch.worker_cores import share
+from tests.helpers import fake_devices, run_cli
 
 SMALL = ["+recipe=llama_sft", "trainer.steps=12", "trainer.eval_every=6", "trainer.log_every=6",
          "trainer.eval_batches=1", "data.batch_size=8"]
@@ -38,7 +38,7 @@ def test_joblib_sweep_runs_jobs_in_workers_isolates_a_failure_and_reports(tmp_pa
     assert [jobs[d]["status"] for d in "0123"] == ["completed", "completed", "failed", "completed"]
     assert all(jobs[d]["devices"] == 4 for d in "013"), "XLA_FLAGS did not reach the joblib workers"
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) >= 2:  # each worker pinned to its own half of the cores (stack.worker_cores)
+    if len(cores) >= 2:  # each worker pinned to its own half of the cores (stack.launch.worker_cores)
         assert {tuple(jobs[d]["cores"]) for d in "013"} <= {tuple(share(cores, slot, 2)) for slot in (0, 1)}
     for d in "013":  # each job its own run dir and metrics
         rows = [json.loads(x) for x in open(sweep / d / "metrics.jsonl")]
@@ -77,8 +77,8 @@ def test_optuna_study_improves_on_its_first_trial_and_a_rerun_continues_it(tmp_p
 
 
 def test_wandb_runs_of_a_sweep_are_grouped_and_its_summary_is_a_table(tmp_path):
+    from stack.launch.report import sweep_group
     from stack.logging.wandb_reader import read_offline_run
-    from stack.report import sweep_group
 
     sweep = tmp_path / "sweep"
     res = run_cli(["-m", "optimizer.lr=1e-3,3e-3", "logger=wandb", f"hydra.sweep.dir={sweep}"] + SMALL,

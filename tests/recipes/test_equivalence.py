@@ -12,10 +12,10 @@ import os
 
 import pytest
 
-from stack.build import build
-from stack.trainer import Trainer
-from stack.trainer.context import COMPLETED, Hook
-from tests.conftest import REPO, captured, make_cfg
+from stack.engine.trainer import Trainer
+from stack.engine.trainer.context import COMPLETED, Hook
+from stack.run.build import build
+from tests.helpers import REPO, captured, make_cfg
 
 FIXTURE = json.load(open(os.path.join(REPO, "tests", "fixtures", "pre_trainer_redesign.json")))
 # the recipe as recorded (its full schedule), logging every step; checkpoints do not change the math

@@ -3,7 +3,7 @@
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli
+from tests.helpers import read_metrics, run_cli
 
 
 @pytest.mark.slow
@@ -66,7 +66,7 @@ def test_qat_recipe_learns_and_its_quantized_loss_stays_near_float(tmp_path):
 def test_qlora_recipe_adapts_its_warm_start_to_the_chat_sample(tmp_path):
     """`+recipe=llama_qlora_sft`: eval/loss from > 2.0 at step 0 to < 1.1 at step 300 (2.79 -> 0.93
     recorded); the checkpoints hold the adapters only."""
-    from stack.saved_params import read_params
+    from stack.checkpoint.saved_params import read_params
 
     res = run_cli(["+recipe=llama_qlora_sft", f"run_dir={tmp_path}"], cwd=str(tmp_path), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from stack.gpu_target import plugin_installed
-from stack.recipe_compile import compare_compile, compiled_run
-from tests.conftest import REPO, recipe_platforms
+from stack.hardware.gpu_target import plugin_installed
+from stack.tools.recipe_compile import compare_compile, compiled_run
+from tests.helpers import REPO, recipe_platforms
 
 PLATFORMS = {n: p for n, p in recipe_platforms().items() if p != "cpu"}  # real size (is_real_size)
 EXTRA = {"tpu": pytest.mark.tpu_extra, "gpu": pytest.mark.gpu_extra}  # the venv that compiles for it

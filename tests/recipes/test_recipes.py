@@ -1,7 +1,7 @@
-"""Every small (CPU) recipe, shrunk (stack.recipes.SHRINK), against `recipes/expected/NAME.json`: per-step
+"""Every small (CPU) recipe, shrunk (stack.tools.expectations.SHRINK), against `recipes/expected/NAME.json`: per-step
 loss, gradient norm, objective (and reward) within a per-metric tolerance, no systematic drift,
 and the same resolved config. A failure prints step, metric, expected, got and tolerance, and
-names a version or machine change. Re-record on purpose: `python -m stack.recipes record NAME`.
+names a version or machine change. Re-record on purpose: `python -m stack.tools.recipes record NAME`.
 """
 
 import json
@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from stack.recipes import compare, shrunk_run
-from stack.schema import recipe_files
-from tests.conftest import REPO, make_cfg, recipe_platforms
+from stack.config.schema import recipe_files
+from stack.tools.expectations import compare, shrunk_run
+from tests.helpers import REPO, make_cfg, recipe_platforms
 
 SMALL = [n for n, p in recipe_platforms().items() if p == "cpu"]  # real size (is_real_size): test_real_size.py
 

@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_same_vjp
 
 from stack.models.attention_core import causal_attention, query_blocks
+from tests.helpers import assert_same_vjp
 
 
 def reference(q, k, v, mask):

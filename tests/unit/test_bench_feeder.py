@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from step_overhead import Capture, Fixed, experiment, fresh  # bench/, on the path by conftest.py
 
-from stack.trainer import Trainer
+from stack.engine.trainer import Trainer
 
 
 @pytest.mark.parametrize("precompute", [False, True])

@@ -9,12 +9,12 @@ import pytest
 
 transformers = pytest.importorskip("transformers", reason="the chat template reference is transformers")
 
+from stack.config.validate import validate  # noqa: E402
 from stack.data.chat import make_template  # noqa: E402
 from stack.data.encode import Encoder  # noqa: E402
 from stack.data.tokenizers import make_tokenizer  # noqa: E402
 from stack.errors import ConfigError, DataError  # noqa: E402
-from stack.validate import validate  # noqa: E402
-from tests.conftest import REPO, make_cfg  # noqa: E402
+from tests.helpers import REPO, make_cfg  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "chat_templates")
 SPECIAL = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -66,7 +66,8 @@ def learned(path: str, row) -> str:
 
 
 def encoder(path: str, kind: str, seq_len: int = 200) -> Encoder:
-    return Encoder(kind, make_tokenizer(path), make_template("tokenizer", path), seq_len, "keep_start", pack=kind == "sft")
+    return Encoder(kind, make_tokenizer(path), make_template("tokenizer", path), seq_len, "keep_start",
+                   pack=kind == "sft")
 
 
 def reference(path: str, messages, **kw) -> dict:
@@ -80,7 +81,8 @@ def test_sft_ids_and_assistant_mask_equal_transformers(chatml):
     want = reference(chatml, CHAT, return_assistant_tokens_mask=True)
     assert ids == want["input_ids"]
     assert row["loss_mask"].tolist() == want["assistant_masks"][1:]
-    assert learned(chatml, row) == "It is 19.<|im_end|>7<|im_end|>"  # the generation blocks: trimmed content + end of turn
+    # the generation blocks: trimmed content + end of turn
+    assert learned(chatml, row) == "It is 19.<|im_end|>7<|im_end|>"
     text, _ = make_template("tokenizer", chatml).render_text(CHAT)
     assert text == transformers.AutoTokenizer.from_pretrained(chatml).apply_chat_template(CHAT, tokenize=False)
 

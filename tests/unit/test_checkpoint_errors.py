@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stack.checkpoint_errors import writing
+from stack.checkpoint.errors import writing
 from stack.errors import RunFailed
 
 TIER = SimpleNamespace(path="/ckpt", manager=SimpleNamespace(all_steps=lambda: [7, 14]))

@@ -6,11 +6,11 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
+from stack.config.quantization import check_config
+from stack.config.schema import GROUPS, recipe_files
+from stack.config.validate import validate
 from stack.errors import ConfigError
-from stack.quant.config import check_config
-from stack.schema import GROUPS, recipe_files
-from stack.validate import validate
-from tests.conftest import REPO, make_cfg
+from tests.helpers import REPO, make_cfg
 
 OPTIONS = [
     (group, name[:-5])
@@ -51,7 +51,7 @@ def test_every_option_composes_typed_and_valid(group, option):
     assert node.name == option
     assert OmegaConf.get_type(node).__name__.endswith("Config"), "the option is not typed by its schema"
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
-    if group == "quantization" and node.method == "ptq":  # python -m stack.quantize's options, not training's
+    if group == "quantization" and node.method == "ptq":  # python -m stack.tools.quantize's options, not training's
         check_config(node)
         with pytest.raises(ConfigError, match="post-training quantization, not a way to train"):
             validate(cfg)

@@ -1,4 +1,4 @@
-"""stack.cpu_compiler: the LLVM level a CPU run adds to XLA_FLAGS, and that it is added in time."""
+"""stack.hardware.cpu_compiler: the LLVM level a CPU run adds to XLA_FLAGS, and that it is added in time."""
 
 import os
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from stack.cpu_compiler import configure_cpu_compiler
-from tests.conftest import REPO, make_cfg
+from stack.hardware.cpu_compiler import configure_cpu_compiler
+from tests.helpers import REPO, make_cfg
 
 
 @pytest.mark.parametrize("flags, overrides, expected", [
@@ -25,7 +25,7 @@ def test_level_added_for_cpu_targets_only(monkeypatch, flags, overrides, expecte
 def test_flags_set_after_the_cli_imports_reach_xla(tmp_path):
     """run() sets the level after the CLI's imports: none of them may compile (XLA reads its flags
     at the first compile), or the level would be silently ignored. Observed with a dump flag."""
-    script = ("import os, sys; import stack.run, stack.app; "
+    script = ("import os, sys; import stack.run.modes, stack.cli.app; "
               "os.environ['XLA_FLAGS'] = '--xla_dump_to=' + sys.argv[1]; "
               "import jax, jax.numpy as jnp; jax.jit(lambda x: x * 2)(jnp.ones(3))")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -1,4 +1,4 @@
-"""stack.cpu_dispatch: the step-temporaries estimate against XLA's own memory analysis, the rule
+"""stack.hardware.cpu_dispatch: the step-temporaries estimate against XLA's own memory analysis, the rule
 that picks the dispatch mode from it, and the jax setting it makes."""
 
 import jax
@@ -7,9 +7,15 @@ import optax
 import pytest
 from flax import nnx
 
-from stack.cpu_dispatch import ARENA_HEAP_BYTES, async_dispatch, configure_cpu_dispatch, step_rows, step_temp_bytes
+from stack.hardware.cpu_dispatch import (
+    ARENA_HEAP_BYTES,
+    async_dispatch,
+    configure_cpu_dispatch,
+    step_rows,
+    step_temp_bytes,
+)
 from stack.models.init import init_model
-from tests.conftest import make_cfg
+from tests.helpers import make_cfg
 
 MEDIUM = ["model.d_model=512", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1408",
           "data.seq_len=256", "data.batch_size=8"]  # bench/step_overhead.py's medium
@@ -46,8 +52,8 @@ def test_the_estimate_is_within_a_fifth_of_xla(overrides):
 
 def test_a_grpo_step_counts_each_prompts_completions_within_a_fifth_of_xla():
     """The update of GRPO runs on prompts x num_generations rows of prompt + max_new_tokens tokens."""
-    from stack.build import build
-    from stack.compile import abstract_run, lower_update, program_report
+    from stack.engine.aot import abstract_run, lower_update, program_report
+    from stack.run.build import build
 
     cfg = make_cfg(["+recipe=llama_grpo", "algorithm.num_generations=2", "data.batch_size=4"])
     exp = build(cfg, run_dir="", abstract=True)
@@ -82,8 +88,8 @@ def test_configure_sets_jax_on_cpu_only():
 
 
 def test_a_training_run_sets_it_from_its_config(tmp_path):
-    """stack.run.run applies the run's choice before it builds anything (here forced to false)."""
-    from stack.run import run
+    """stack.run.modes.run applies the run's choice before it builds anything (here forced to false)."""
+    from stack.run.modes import run
 
     before = jax.config.read("jax_cpu_enable_async_dispatch")
     try:

@@ -11,7 +11,7 @@ import pytest
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
 from stack.errors import ConfigError, DataError
-from tests.conftest import loss_of, make_cfg
+from tests.helpers import loss_of, make_cfg
 
 TOK = ByteTokenizer()
 
@@ -54,7 +54,8 @@ def test_each_epoch_is_a_new_permutation_and_epochs_are_counted(tmp_path):
     it.close()
     assert all(sorted(ep) == sorted(str(2 * i) for i in range(20)) for ep in epochs)
     assert epochs[0] != epochs[1] != epochs[2]
-    assert read(Batches(data_cfg(path), TOK, "train", seed=3, batch_size=4), 5) == [epochs[0][i:i + 4] for i in range(0, 20, 4)]
+    assert read(Batches(data_cfg(path), TOK, "train", seed=3, batch_size=4), 5) == [
+        epochs[0][i:i + 4] for i in range(0, 20, 4)]
 
 
 @pytest.mark.parametrize("extra", [[], ["data.packing=true"], ["data.prefetch=0", "data.read_threads=2"],

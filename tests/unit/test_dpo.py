@@ -11,12 +11,12 @@ from flax import nnx
 
 from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, dpo_loss, sequence_logps
+from stack.config.schema import shipped_data
 from stack.data.encode import Encoder
 from stack.data.tokenizers import ByteTokenizer
 from stack.models.init import init_model
 from stack.quant.providers import NoQuantization
-from stack.schema import shipped_data
-from tests.conftest import FixedLogits, loss_of, make_cfg, models
+from tests.helpers import FixedLogits, loss_of, make_cfg, models
 
 
 def log_sigmoid(x):

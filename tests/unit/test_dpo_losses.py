@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from stack.algorithms.dpo import dpo_loss
 from stack.algorithms.dpo_losses import LossParams, Pairs, pair_losses
+from stack.config.schema.algorithm import DPOConfig
 from stack.errors import ConfigError
-from stack.schema.algorithm import DPOConfig
 from tests.unit.test_dpo import hand_logps, pair_batch, run_loss
 
 # fixed per-pair sequence log-probs (sums over completion tokens) and completion lengths
@@ -226,7 +226,7 @@ def test_valid_configs_pass():
 
 
 def test_the_command_line_takes_a_list_of_loss_types():
-    from stack.app import preflight
+    from stack.cli.app import preflight
 
     base = ["algorithm=dpo", "data=jsonl_prefs", "algorithm.loss_type=[sigmoid,bco_pair]"]
     cfg = preflight([*base, "algorithm.loss_weights=[0.8,0.2]"])

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from stack.app import preflight
+from stack.cli.app import preflight
 from stack.errors import ConfigError
 
 
@@ -124,7 +124,8 @@ def test_data_config_mistakes_fail_before_compute():
         "objective); to train on every record of data.path, give the held-out records as data.eval_path." in error_of(
             ["data=jsonl_sft", "data.path=a.jsonl", "data.eval_fraction=0"])
     preflight(["data=jsonl_sft", "data.path=a.jsonl", "data.eval_path=b.jsonl", "data.eval_fraction=0"])  # unused
-    assert "Unknown value 'chatm' for 'data.chat_template'. Did you mean chatml?" in error_of(["data.chat_template=chatm"])
+    assert "Unknown value 'chatm' for 'data.chat_template'. Did you mean chatml?" in error_of(
+        ["data.chat_template=chatm"])
     assert "'data.path' is required for data.source='parquet'" in error_of(["data.source=parquet"])
     assert "'data.max_completion_len'=64: expected null or an integer in [1, data.seq_len=64)" in error_of(
         ["algorithm=dpo", "data=jsonl_prefs", "data.max_completion_len=64"])
@@ -137,7 +138,8 @@ def test_data_config_mistakes_fail_before_compute():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["optimizer.clip_norm=0"], ["'optimizer.clip_norm'=0.0 must be > 0", "clip_norm=inf clips nothing"]),  # zeroed every update
+    # zeroed every update
+    (["optimizer.clip_norm=0"], ["'optimizer.clip_norm'=0.0 must be > 0", "clip_norm=inf clips nothing"]),
     (["optimizer.clip_norm=-1"], ["'optimizer.clip_norm'=-1.0 must be > 0"]),  # flipped every gradient
     (["optimizer.lr=-1e-3"], ["'optimizer.lr'=-0.001 must be >= 0"]),  # gradient ascent
     (["optimizer.weight_decay=-0.1"], ["'optimizer.weight_decay'=-0.1 must be >= 0"]),
@@ -159,7 +161,8 @@ def test_grpo_sampling_filters_out_of_range_are_refused(argv):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["algorithm.importance_sampling_level=sequense"], ["'algorithm.importance_sampling_level'", "Did you mean sequence?"]),
+    (["algorithm.importance_sampling_level=sequense"],
+     ["'algorithm.importance_sampling_level'", "Did you mean sequence?"]),
     (["algorithm.delta=0.9"], ["'algorithm.delta'=0.9 caps the importance ratio: null (off) or > 1"]),
     (["algorithm.top_entropy_quantile=0"], ["'algorithm.top_entropy_quantile'=0.0: null or in (0, 1]"]),
 ])
@@ -173,7 +176,8 @@ def test_the_algorithm_says_which_data_it_reads():
     assert "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text records" in msg
     assert "'algorithm.loss_type'" in error_of(["algorithm=dpo", "data=jsonl_prefs", "algorithm.loss_type=ipx"])
     # a DPO recipe on SFT data: the mismatch, not the recipe's preference-only key it trips first
-    assert error_of(["+recipe=llama_dpo", "data=jsonl_sft"]).startswith("'data.kind'='sft' does not fit algorithm='dpo'")
+    assert error_of(["+recipe=llama_dpo", "data=jsonl_sft"]).startswith(
+        "'data.kind'='sft' does not fit algorithm='dpo'")
     assert "pick a data option of that kind (data=jsonl_prompts)" in error_of(["algorithm=grpo"])  # the options named
     assert "(data=jsonl_sft, data=parquet_sft, data=synthetic)" in msg
 
@@ -205,7 +209,7 @@ def test_a_3000_character_key_or_value_is_shortened_in_the_message():
 
 def test_the_last_of_a_key_given_twice_wins():
     """Hydra's rule, also when the earlier value is bad (it was reported instead)."""
-    from stack.app import last_wins
+    from stack.cli.app import last_wins
 
     assert preflight(["trainer.steps=3", "trainer.steps=5"]).trainer.steps == 5
     assert preflight(["model.d_model=two", "model.d_model=64"]).model.d_model == 64
@@ -223,7 +227,7 @@ def test_an_eval_split_smaller_than_a_batch_says_where_its_records_come_from(tmp
     """Your own data.path of 40 records: its 0.1 eval split (4 records) fills no batch of 8."""
     import json
 
-    from stack.build import build
+    from stack.run.build import build
 
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n" for i in range(40)))
@@ -238,7 +242,7 @@ def test_an_eval_split_smaller_than_a_batch_says_where_its_records_come_from(tmp
 def test_a_run_dir_without_checkpoints_says_what_became_of_them(tmp_path):
     """Where a checkpoints dir is asked for (generate, model.init_from, checkpoint.resume), a run
     dir stands for RUN/checkpoints; one without it is refused, saying what its config.yaml says."""
-    from stack.saved_params import checkpoints_of
+    from stack.checkpoint.saved_params import checkpoints_of
 
     run = tmp_path / "run"
     run.mkdir()

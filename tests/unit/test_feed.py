@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from stack.trainer.feed import Feed
+from stack.engine.trainer.feed import Feed
 
 READ = 0.02  # seconds each next() takes
 

@@ -1,11 +1,11 @@
-"""Compile-only GPU targets (stack.gpu_target): the topology of N GPUs and the errors that name
+"""Compile-only GPU targets (stack.hardware.gpu_target): the topology of N GPUs and the errors that name
 what is missing. The compile itself runs in the gpu-aot extra's venv (tests/recipes/test_real_size.py)."""
 
 import pytest
 
 from stack.errors import ConfigError
-from stack.gpu_target import gpu_devices, gpu_topology, plugin_installed
-from tests.conftest import make_cfg
+from stack.hardware.gpu_target import gpu_devices, gpu_topology, plugin_installed
+from tests.helpers import make_cfg
 
 
 def test_gpus_fill_hosts_of_eight():

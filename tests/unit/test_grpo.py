@@ -12,7 +12,7 @@ from stack.algorithms.grpo import GRPO
 from stack.algorithms.rlmath import group_advantages, kl_estimate
 from stack.rewards.functions import accuracy, digits, format_match, length_penalty
 from stack.rewards.model import ModelReward
-from tests.conftest import loss_of
+from tests.helpers import loss_of
 
 REWARDS = np.array([[1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5]], np.float32)  # 2 prompts x G=4
 
@@ -138,7 +138,8 @@ def test_top_entropy_quantile_keeps_the_loss_of_the_high_entropy_tokens():
     loss, m = loss_of(grpo, Scores(LOGP, entropy), BATCH)
     assert float(loss) == pytest.approx((SEQ[0][1] + SEQ[1][0] + SEQ[1][2]) / 5, rel=1e-6)
     assert float(m["entropy"]) == pytest.approx(1.5 / 5)  # the metric is of every real token
-    full = float(loss_of(GRPO(epsilon=0.2, max_new_tokens=3, top_entropy_quantile=1.0), Scores(LOGP, entropy), BATCH)[0])
+    full = float(loss_of(GRPO(epsilon=0.2, max_new_tokens=3, top_entropy_quantile=1.0), Scores(LOGP, entropy),
+                         BATCH)[0])
     assert full == pytest.approx((sum(SEQ[0]) + sum(SEQ[1])) / 5, rel=1e-6)
 
 
@@ -238,9 +239,9 @@ def test_the_first_iteration_ratio_is_one_and_the_sampler_agrees_with_the_traine
     so nothing is clipped; with beta > 0 the reference is the initial policy: KL 0 at step 1.
     With top-k/top-p the samples are filtered and the log-probs still those of the unfiltered
     tempered distribution on both sides (TRL GRPOTrainer)."""
-    from stack.build import build
-    from stack.trainer import train
-    from tests.conftest import captured, make_cfg
+    from stack.engine.trainer import train
+    from stack.run.build import build
+    from tests.helpers import captured, make_cfg
 
     cfg = make_cfg(GRPO_RUN + ["trainer.steps=2", "algorithm.beta=0.1", f"algorithm.num_iterations={mu}",
                                f"run_dir={tmp_path}", *filters])

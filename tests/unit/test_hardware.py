@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 
-from stack import hardware
 from stack.errors import ConfigError
-from tests.conftest import make_cfg
+from stack.hardware import platform as hardware
+from tests.helpers import make_cfg
 
 OPTIONS = ["cpu", "gpu_h100", "gpu_h200", "tpu_v5e", "tpu_v5p", "tpu_v6e"]
 GiB = 2**30
@@ -117,7 +117,8 @@ def test_cpu_peak_probe_and_cache(tmp_path, monkeypatch):
                                                    "seconds": 2 * 1024**3 / peak, "version": hardware.PROBE_VERSION})
     assert hardware.measure_cpu_peak(path) == peak  # read back, not re-measured
     cpu = make_cfg(["hardware=cpu"]).hardware
-    assert hardware.peak_flops_per_device(cpu, path) == peak and hardware.peak_flops_per_device(cpu, path, 8) == peak / 8
+    assert (hardware.peak_flops_per_device(cpu, path) == peak
+            and hardware.peak_flops_per_device(cpu, path, 8) == peak / 8)
     assert hardware.peak_flops_per_device(make_cfg(["hardware=tpu_v6e"]).hardware, None) == 918e12
 
 
@@ -136,7 +137,7 @@ def test_a_cpu_peak_probed_on_a_busy_machine_is_measured_again_once_it_is_idle(t
 
 
 def test_a_cpu_peak_cached_by_an_older_probe_is_measured_again(tmp_path, monkeypatch):
-    """Version 1 probes ran in build, beside stack.precompile's compile in the same process: low."""
+    """Version 1 probes ran in build, beside stack.engine.precompile's compile in the same process: low."""
     path = str(tmp_path / "cpu_peak-host.json")
     with open(path, "w") as f:
         json.dump({"flops_per_sec": 1.0, "busy": False}, f)  # no version: 1

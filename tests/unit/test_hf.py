@@ -15,12 +15,13 @@ transformers = pytest.importorskip("transformers", reason="HF interop tests need
 torch = pytest.importorskip("torch", reason="HF interop tests need torch (CPU)")
 
 from safetensors.numpy import load_file, save_file  # noqa: E402
+
+from stack.config.hf_config import check_config, hf_config_to_model  # noqa: E402
+from stack.config.schema.model import ModelConfig, RopeScalingConfig  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
 from stack.models.hf import export_hf, load_hf_weights  # noqa: E402
-from stack.models.hf_config import check_config, hf_config_to_model  # noqa: E402
 from stack.models.init import abstract_model  # noqa: E402
-from stack.schema.model import ModelConfig, RopeScalingConfig  # noqa: E402
-from tests.conftest import fake_devices, forward  # noqa: E402
+from tests.helpers import fake_devices, forward  # noqa: E402
 
 SEQ = 48
 SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -90,7 +91,7 @@ import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from stack.models.hf import load_hf_weights
 from stack.models.init import abstract_model, init_model
-from stack.schema.model import ModelConfig
+from stack.config.schema.model import ModelConfig
 cfg = ModelConfig(**json.loads(sys.argv[2]))
 mesh = jax.make_mesh((2, 2), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 rules = (("vocab", None), ("embed", "fsdp"), ("heads", "tensor"), ("kv_heads", "tensor"),
@@ -151,8 +152,7 @@ def test_export_loads_in_transformers(tie, scaling, dtype, tmp_path):
         check_config(json.load(f), cfg)
     hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     if dtype == "bfloat16":  # compare with our weights rounded the same way
-        rounded = lambda x: x.astype(jnp.bfloat16).astype(x.dtype)
-        nnx.update(model, jax.tree.map(rounded, nnx.state(model, nnx.Param)))
+        nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), nnx.state(model, nnx.Param)))
     assert max_diff(model, hf, tokens(1)) < 1e-4
     back = randomized(cfg, 5)  # and our loader reads the export (bf16 included) exactly
     load_hf_weights(back, cfg, str(out))

@@ -10,12 +10,12 @@ torch = pytest.importorskip("torch", reason="HF interop tests need torch (CPU)")
 
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
-from stack.build import initial_model  # noqa: E402
+from stack.checkpoint.policy import initial_model  # noqa: E402
+from stack.config.hf_config import take_architecture  # noqa: E402
+from stack.config.validate import validate  # noqa: E402
 from stack.errors import ConfigError  # noqa: E402
-from stack.models.hf_config import take_architecture  # noqa: E402
 from stack.models.rope import rope_inv_freq  # noqa: E402
-from stack.validate import validate  # noqa: E402
-from tests.conftest import make_cfg  # noqa: E402
+from tests.helpers import make_cfg  # noqa: E402
 
 # Llama 3.1 style: llama3 rope scaling with a short original context, so positions past it matter
 ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -47,9 +47,12 @@ def test_model_hf_takes_the_architecture_and_matches_transformers(hf_dir):
     path, hf = hf_dir
     cfg = composed(["model=hf", f"model.path={path}"])
     m = cfg.model
-    assert (m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim, m.d_ff) == (384, 32, 2, 4, 2, 16, 72)
-    assert (m.rope_theta, m.norm_eps, m.tie_embeddings, m.max_seq_len, m.param_dtype) == (500000.0, 1e-6, True, 128, "float32")
-    assert dict(m.rope_scaling) == {"type": "llama3", **{k: v for k, v in ROPE.items() if k not in ("rope_type", "rope_theta")}}
+    assert (m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim, m.d_ff) == (
+        384, 32, 2, 4, 2, 16, 72)
+    assert (m.rope_theta, m.norm_eps, m.tie_embeddings, m.max_seq_len, m.param_dtype) == (
+        500000.0, 1e-6, True, 128, "float32")
+    assert dict(m.rope_scaling) == {
+        "type": "llama3", **{k: v for k, v in ROPE.items() if k not in ("rope_type", "rope_theta")}}
     assert m.init_from == f"hf:{path}"
     model = initial_model(cfg)
     ids = np.random.default_rng(0).integers(0, 384, size=(2, 40))  # past the original 16 positions

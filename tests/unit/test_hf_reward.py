@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from stack.build import build
+from stack.config.validate import validate
+from stack.engine.trainer import train
 from stack.errors import ConfigError
 from stack.rewards.model import ModelReward, score_texts
-from stack.trainer import train
-from stack.validate import validate
-from tests.conftest import QUICK, make_cfg, read_metrics
+from stack.run.build import build
+from tests.helpers import QUICK, make_cfg, read_metrics
 
 transformers = pytest.importorskip("transformers", reason="the reference reward model is a transformers model")
 torch = pytest.importorskip("torch", reason="the reference reward model is a transformers model")
@@ -45,7 +45,7 @@ def test_scores_equal_transformers_at_the_last_real_token(tmp_path):
 
 
 def test_score_texts_of_the_dir_equal_transformers_on_its_byte_encoding(tmp_path):
-    """`stack.generate DIR --score` (score_texts of `hf:DIR`): a dir without tokenizer.json is read
+    """`stack.tools.generate DIR --score` (score_texts of `hf:DIR`): a dir without tokenizer.json is read
     with the byte tokenizer (BOS 1, EOS 2, byte + 3), as transformers scores those ids."""
     hf = save_reward_model(tmp_path)
     pairs = [("copy abc=", "abc"), ("12+7=", "19"), ("copy abc=", "abd")]

@@ -12,15 +12,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from stack.checkpoint import Checkpointer
+from stack.checkpoint.manager import Checkpointer
+from stack.engine.trainer.checkpointing import Checkpointing
+from stack.engine.trainer.context import COMPLETED, NONFINITE, PREEMPTED, RUNNING, Clock
+from stack.engine.trainer.metrics import MetricsLog
+from stack.engine.trainer.nonfinite import NonFinite
+from stack.engine.trainer.save_overlap import SaveThread, copy_fits
+from stack.engine.trainer.signals import Signals
 from stack.errors import ConfigError
-from stack.trainer.checkpointing import Checkpointing
-from stack.trainer.context import COMPLETED, NONFINITE, PREEMPTED, RUNNING, Clock
-from stack.trainer.metrics import MetricsLog
-from stack.trainer.nonfinite import NonFinite
-from stack.trainer.save_overlap import SaveThread, copy_fits
-from stack.trainer.signals import Signals
-from tests.conftest import make_cfg
+from tests.helpers import make_cfg
 
 
 class State:
@@ -32,9 +32,9 @@ class State:
 
 
 def record(steps: int = 10, step: int = 0) -> SimpleNamespace:
-    """The fields of stack.trainer.context.Run that the hooks read."""
-    run = SimpleNamespace(step=step, total_steps=steps, status=RUNNING, message="", checkpoint=None, columns=None, signal=None,
-                          clock=Clock(), state=State(0.0), data_state={"next_index": step}, train={},
+    """The fields of stack.engine.trainer.context.Run that the hooks read."""
+    run = SimpleNamespace(step=step, total_steps=steps, status=RUNNING, message="", checkpoint=None, columns=None,
+                          signal=None, clock=Clock(), state=State(0.0), data_state={"next_index": step}, train={},
                           exp=SimpleNamespace(wandb_id=None))
     run.done = False
     return run

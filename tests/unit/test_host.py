@@ -1,6 +1,6 @@
-"""Host process tuning: malloc keeps freed pages on CPU runs (stack.host_memory), parallel sweep
-workers split the cores (stack.worker_cores), imports run without cyclic collections
-(stack.collector). Each case runs in its own process: they change process-wide state."""
+"""Host process tuning: malloc keeps freed pages on CPU runs (stack.hardware.host_memory), parallel sweep
+workers split the cores (stack.launch.worker_cores), imports run without cyclic collections
+(stack.hardware.gc_freeze). Each case runs in its own process: they change process-wide state."""
 
 import json
 import os
@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from stack.worker_cores import process_workers, share
+from stack.launch.worker_cores import process_workers, share
 
 TWO_CORES = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                                reason="needs 2 cores and sched_setaffinity")
 
 FAULTS = """
 import ctypes, resource, sys, threading
-from stack.host_memory import keep_freed_host_memory
+from stack.hardware.host_memory import keep_freed_host_memory
 took = keep_freed_host_memory() if sys.argv[1] != "default" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
@@ -95,7 +95,7 @@ def test_only_process_workers_are_counted_and_negative_n_jobs_count_back_from_th
 
 PIN = """
 import sys
-from stack.worker_cores import pin_worker
+from stack.launch.worker_cores import pin_worker
 print(pin_worker(sys.argv[1], 2), flush=True)
 sys.stdin.read()  # hold the slot until the test closes stdin
 """
@@ -125,7 +125,7 @@ def test_workers_claim_distinct_slots_and_a_dead_workers_slot_frees(tmp_path):
 
 COLLECTOR = """
 import gc, json
-from stack.collector import frozen_imports
+from stack.hardware.gc_freeze import frozen_imports
 starts = []
 gc.callbacks.append(lambda phase, info: starts.append(info["generation"]) if phase == "start" else None)
 with frozen_imports("wave"):
@@ -151,7 +151,7 @@ def test_an_import_runs_without_cyclic_collections_and_leaves_its_heap_frozen():
 
 ARENAS = """
 import ctypes, json, os, sys, threading
-from stack.worker_cores import tune_host
+from stack.launch.worker_cores import tune_host
 print(json.dumps([tune_host(sys.argv[1], 2), len(os.sched_getaffinity(0))]), flush=True)
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

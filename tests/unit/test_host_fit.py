@@ -4,11 +4,11 @@ memory read from meminfo and cgroup files."""
 import pytest
 from flax import nnx
 
-from stack.build import make_optimizer
 from stack.errors import ConfigError
-from stack.host_fit import GiB, available_bytes, check_host_memory
+from stack.hardware.host_fit import GiB, available_bytes, check_host_memory
 from stack.models.init import abstract_model
-from tests.conftest import make_cfg
+from stack.optim.chain import make_optimizer
+from tests.helpers import make_cfg
 
 # Llama 3 8B by hand: embed + untied head 2 x 128256 x 4096; per layer q, o 4096^2, k, v 4096 x 1024,
 # the MLP 3 x 4096 x 14336 and two norms; 32 layers and the final norm
@@ -51,7 +51,7 @@ def test_available_memory_is_meminfo_capped_by_the_cgroup(tmp_path):
 
 def test_build_refuses_a_model_no_host_holds_before_drawing_its_weights(tmp_path):
     """Llama 3 70B's fp32 training state is ~1 TiB: refused by `build` on any CPU machine."""
-    from stack.build import build
+    from stack.run.build import build
 
     with pytest.raises(ConfigError, match=r"model=llama3_70b needs at least 1\d\d\d\.\d GiB of host memory"):
         build(make_cfg(["model=llama3_70b", "checkpoint=none"]), str(tmp_path))

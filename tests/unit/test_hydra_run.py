@@ -1,4 +1,4 @@
-"""A plain run is composed once (stack.hydra_run): the preflight's composition is the config Hydra
+"""A plain run is composed once (stack.launch.hydra_job): the preflight's composition is the config Hydra
 runs, and its job runs as `@hydra.main`'s would (its run dir, HydraConfig, mode RUN)."""
 
 from hydra import compose, initialize_config_module
@@ -7,7 +7,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from stack import app, hydra_run
+from stack.cli import app
+from stack.launch import hydra_job
 
 
 def test_a_plain_run_is_composed_once_and_runs_as_hydras_job(tmp_path, monkeypatch):
@@ -25,7 +26,7 @@ def test_a_plain_run_is_composed_once_and_runs_as_hydras_job(tmp_path, monkeypat
 
     with initialize_config_module(app.CONFIG_MODULE, version_base=None):
         job, whole = app.composed([*task_overrides, f"hydra.run.dir={tmp_path}/run"])
-        assert hydra_run.run(whole, task) == 7
+        assert hydra_job.run(whole, task) == 7
         reference = compose("config", overrides=task_overrides)  # the compose API: the job part alone
     assert len(loads) == 2  # the run's one composition, then the reference's
     assert seen == {"steps": 3, "hydra_node": False, "dir": f"{tmp_path}/run", "mode": RunMode.RUN,
@@ -49,11 +50,12 @@ def test_run_dir_is_hydras_job_dir_in_every_mode_with_no_log_file(tmp_path):
         for extra in (["mode=train"], ["mode=compile"], ["mode=validate"], ["hydra/job_logging=disabled"]):
             overrides = [*extra, f"run_dir={tmp_path}/run"]
             job, whole = app.composed(overrides)
-            hydra_run.into_run_dir(whole, job, overrides)
+            hydra_job.into_run_dir(whole, job, overrides)
             logging = whole.hydra.job_logging
             assert (whole.hydra.run.dir, whole.hydra.output_subdir) == (f"{tmp_path}/run", None), extra
-            assert "file" not in logging.get("handlers", {}) and "file" not in logging.get("root", {}).get("handlers", [])
+            assert ("file" not in logging.get("handlers", {})
+                    and "file" not in logging.get("root", {}).get("handlers", []))
         overrides = ["mode=compile", f"run_dir={tmp_path}/run", f"hydra.run.dir={tmp_path}/mine"]
         job, whole = app.composed(overrides)
-        hydra_run.into_run_dir(whole, job, overrides)
+        hydra_job.into_run_dir(whole, job, overrides)
         assert whole.hydra.run.dir == f"{tmp_path}/mine" and "file" in whole.hydra.job_logging.handlers

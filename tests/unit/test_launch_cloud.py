@@ -4,9 +4,9 @@ the commands written out by hand from the gcloud and xpk docs."""
 import pytest
 
 from stack.errors import ConfigError
-from stack.launch_cloud import cloud_command
-from stack.launcher import launcher_for
-from tests.conftest import make_cfg
+from stack.launch.cloud import cloud_command
+from stack.launch.local import launcher_for
+from tests.helpers import make_cfg
 
 JOB = ["+recipe=llama_dpo", "hardware=tpu_v5e", "algorithm.beta=0.2", "trainer.objective=eval/rewards/margins"]
 

@@ -9,9 +9,9 @@ import submitit
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from stack.app import preflight
+from stack.cli.app import preflight
 from stack.errors import ConfigError
-from stack.launch_slurm import export_ranks, submitit_ranks
+from stack.launch.slurm import export_ranks, submitit_ranks
 
 SLURM = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8", "SLURM_PROCID": "5",
          "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_JOB_NUM_NODES": "4",
@@ -58,7 +58,7 @@ def test_the_slurm_launcher_writes_a_multi_node_sbatch_array(env, tmp_path):
     """`-m ... hydra/launcher=slurm hydra.launcher.nodes=4 hydra.launcher.partition=gpu`, a 2-job
     sweep, through the real hydra-submitit-launcher and submitit up to the sbatch call: one job
     array of 2, each 4 nodes x 1 task (one JAX process a node), with submitit's srun command and
-    the SUBMITIT_EXECUTOR that stack.launch_slurm keys its rank mapping on. (submitit only checks
+    the SUBMITIT_EXECUTOR that stack.launch.slurm keys its rank mapping on. (submitit only checks
     that an `srun` is on PATH when the executor is built; the stub on PATH is never run.)"""
     (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "srun").chmod(0o755)

@@ -1,10 +1,10 @@
-"""`launcher=local`'s wait for its ranks (stack.launcher.wait_all), on real child processes: the
+"""`launcher=local`'s wait for its ranks (stack.launch.local.wait_all), on real child processes: the
 first failing rank stops the others and gives the job its exit code."""
 
 import subprocess
 import sys
 
-from stack.launcher import shell_code, wait_all
+from stack.launch.local import shell_code, wait_all
 
 
 def child(code: str) -> subprocess.Popen:

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import forward, make_cfg, xla_compiles
-
+from stack.config.schema.model import ModelConfig, RopeScalingConfig
+from stack.models import modules
 from stack.models.init import abstract_model, init_model, param_count
 from stack.models.llama import Llama, unfuse
-from stack.models import modules
 from stack.models.modules import copy_module
 from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
-from stack.schema.model import ModelConfig, RopeScalingConfig
+from tests.helpers import forward, make_cfg, xla_compiles
 
 LOGICAL = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm"}
 
@@ -358,4 +357,5 @@ def test_scan_layers_computes_the_same_loss_and_gradients_from_one_compiled_laye
         got, got_grads = step(params)
         np.testing.assert_allclose(got, want, rtol=1e-6)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got_grads, want_grads)
-    assert lowered(8, True)[2] == scanned < unrolled < lowered(8, False)[2]  # scanned: without remat; 8 layers: lowered only
+    # scanned: without remat; 8 layers: lowered only
+    assert lowered(8, True)[2] == scanned < unrolled < lowered(8, False)[2]

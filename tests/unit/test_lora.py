@@ -8,13 +8,13 @@ from flax import nnx
 
 from stack.algorithms.base import Context
 from stack.algorithms.dpo import DPO, sequence_logps
-from stack.build import build
+from stack.config.validate import validate
+from stack.engine.trainer import Trainer
 from stack.errors import ConfigError
 from stack.models.init import init_model
 from stack.quant.providers import make_quantization
-from stack.trainer import Trainer
-from stack.validate import validate
-from tests.conftest import QUICK, forward, loss_of, make_cfg, models
+from stack.run.build import build
+from tests.helpers import QUICK, forward, loss_of, make_cfg, models
 
 LORA = ["quantization=lora", "quantization.rules.0.rank=4", "quantization.rules.0.alpha=12.0"]
 QLORA = ["quantization=qlora_nf4", "quantization.rules.0.tile_size=16"]
@@ -106,7 +106,8 @@ def test_training_moves_only_the_adapters(tmp_path, quant):
     trainer.run()
     after = nnx.to_pure_dict(nnx.state(trainer.policy()))
     lora = nnx.to_pure_dict(nnx.state(trainer.policy(), nnx.LoRAParam))
-    moved = jax.tree_util.tree_leaves_with_path(jax.tree.map(lambda a, b: bool((np.asarray(a) != b).any()), after, before))
+    moved = jax.tree_util.tree_leaves_with_path(
+        jax.tree.map(lambda a, b: bool((np.asarray(a) != b).any()), after, before))
     moved_names = {jax.tree_util.keystr(p) for p, changed in moved if changed}
     assert moved_names and all("lora_b" in n or "lora_a" in n for n in moved_names), moved_names
     assert any("lora_b" in n for n in moved_names)
@@ -131,10 +132,10 @@ def test_bad_lora_configs_fail_with_the_key():
 
 def test_ppo_with_lora_trains_only_the_adapters_and_the_value_head():
     """The value head sits on the policy's trunk, the reference is the base with adapters off (no
-    copy), and the trained params are the adapters plus the head (stack.step's filter)."""
+    copy), and the trained params are the adapters plus the head (stack.engine.step's filter)."""
     from stack.algorithms.ppo import PPO
     from stack.data.tokenizers import ByteTokenizer
-    from stack.step import Models, trained_filter
+    from stack.engine.step import Models, trained_filter
 
     cfg, model = lora_model(LORA + ["algorithm=ppo", "data=jsonl_prompts"])
     quant = make_quantization(cfg.quantization, 0)

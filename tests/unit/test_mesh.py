@@ -1,11 +1,11 @@
-"""A mesh for a run of several processes (`stack.parallel.spanning_sizes`): mesh=auto's 1-device
+"""A mesh for a run of several processes (`stack.hardware.mesh.spanning_sizes`): mesh=auto's 1-device
 default becomes data parallel over every device; a 1-device mesh named by the user is refused."""
 
 import pytest
 
 from stack.errors import ConfigError
-from stack.parallel import spanning_sizes
-from tests.conftest import make_cfg
+from stack.hardware.mesh import spanning_sizes
+from tests.helpers import make_cfg
 
 
 def test_auto_spans_every_process_as_data_parallel():

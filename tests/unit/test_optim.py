@@ -6,11 +6,11 @@ import numpy as np
 import optax
 import pytest
 
-from stack.build import make_optimizer
 from stack.errors import ConfigError
+from stack.optim.chain import make_optimizer
 from stack.optim.masks import decay_mask
 from stack.optim.schedules import warmup_cosine
-from tests.conftest import make_cfg
+from tests.helpers import make_cfg
 
 
 def params():

@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, ListConfig
 
-from stack.app import preflight
+from stack.cli.app import preflight
+from stack.config.schema import GROUPS
 from stack.errors import ConfigError
-from stack.schema import GROUPS
-from tests.conftest import make_cfg
+from tests.helpers import make_cfg
 
 
 def leaf_keys(node, prefix: str = "") -> list[str]:

@@ -12,12 +12,12 @@ from flax import nnx
 
 from stack.algorithms.base import Context, ratio
 from stack.algorithms.ppo import PPO, rewards_per_token
+from stack.config.schema.model import ModelConfig
 from stack.data.tokenizers import ByteTokenizer
+from stack.engine.step import Models
 from stack.models.heads import Critic, ScalarHead
 from stack.models.init import init_model
 from stack.quant.providers import NoQuantization
-from stack.schema.model import ModelConfig
-from stack.step import Models
 
 RULES = SimpleNamespace(weights=[1.0], names=["rule"])
 
@@ -187,9 +187,9 @@ def test_tokens_after_eos_change_nothing(setup_run):
     (["algorithm.lam=1.5"], r"'algorithm.lam'=1.5 must be in \[0, 1\]"),
 ])
 def test_bad_ppo_configs_are_one_clear_error(overrides, match):
+    from stack.config.validate import validate
     from stack.errors import ConfigError
-    from stack.validate import validate
-    from tests.conftest import make_cfg
+    from tests.helpers import make_cfg
 
     with pytest.raises(ConfigError, match=match):
         validate(make_cfg(["algorithm=ppo", "data=jsonl_prompts", *overrides]))
@@ -211,8 +211,8 @@ def test_a_reward_model_dir_must_hold_a_reward_model(tmp_path):
 
 def test_the_recipe_takes_a_reward_model_in_place_of_its_rules():
     """The issue's command: the recipe's rules (reward=arithmetic) give way to reward=model."""
-    from stack.validate import validate
-    from tests.conftest import make_cfg
+    from stack.config.validate import validate
+    from tests.helpers import make_cfg
 
     cfg = make_cfg(["+recipe=llama_ppo", "reward=model", "reward.init_from=/runs/rm/checkpoints"])
     validate(cfg)

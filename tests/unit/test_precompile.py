@@ -1,4 +1,4 @@
-"""stack.precompile: the first round's program compiles beside the model init; the trainer's first
+"""stack.engine.precompile: the first round's program compiles beside the model init; the trainer's first
 step then compiles nothing, and trains bit for bit as programs made from the real model do."""
 
 import threading
@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from stack.build import build
-from stack.trainer import Trainer
-from tests.conftest import QUICK, captured, make_cfg, xla_compiles
+from stack.engine.trainer import Trainer
+from stack.run.build import build
+from tests.helpers import QUICK, captured, make_cfg, xla_compiles
 
 ROUND = {"sft": "update", "dpo": "collect_update"}
 
@@ -46,7 +46,7 @@ def test_the_round_program_compiles_in_the_thread_only_and_trains_the_same(tmp_p
 
 def test_the_cpu_peak_is_probed_once_after_the_first_step_with_the_cores_to_itself(tmp_path, monkeypatch):
     """Not in build (in front of the first step), not beside the precompile thread's compile."""
-    from stack import hardware
+    from stack.hardware import platform as hardware
 
     probes = []
 

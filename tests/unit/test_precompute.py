@@ -6,13 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from stack.build import build
-from stack.errors import ConfigError
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
-from stack.precompute import attach_columns
-from stack.trainer import train
-from tests.conftest import captured, make_cfg
+from stack.engine.precompute import attach_columns
+from stack.engine.trainer import train
+from stack.errors import ConfigError
+from stack.run.build import build
+from tests.helpers import captured, make_cfg
 
 TOK = ByteTokenizer()
 N = 37  # not a multiple of the batch size: the first pass pads its last batch

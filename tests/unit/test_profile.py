@@ -6,11 +6,11 @@ import glob
 import pytest
 from jax.profiler import ProfileData
 
-from stack.build import build
+from stack.config.validate import validate
+from stack.engine.trainer import Trainer
 from stack.errors import ConfigError
-from stack.trainer import Trainer
-from stack.validate import validate
-from tests.conftest import captured, make_cfg
+from stack.run.build import build
+from tests.helpers import captured, make_cfg
 
 RUN = ["+recipe=llama_sft", "checkpoint=none", "model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1",
        "model.d_ff=64", "model.n_layers=1", "data.batch_size=4", "trainer.eval_batches=1", "trainer.steps=4",

@@ -1,4 +1,4 @@
-"""Post-training quantization (stack.quant.ptq, stack.quantize): int8 weights keep the float
+"""Post-training quantization (stack.quant.ptq, stack.tools.quantize): int8 weights keep the float
 model's top-1 tokens, static activation scales are the calibration mean Qwix defines (checked in
 NumPy), and a PTQ checkpoint reads back into the same model (and dequantizes for export)."""
 
@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from stack.errors import ConfigError
 from stack.models.init import init_model
 from stack.quant import ptq
-from stack.quantize import ptq_config, write_checkpoint
-from tests.conftest import forward, make_cfg
+from stack.tools.quantize import ptq_config, write_checkpoint
+from tests.helpers import forward, make_cfg
 
 QMAX_INT8 = 127.5  # Qwix's symmetric bound for int8: qmax + 0.5 (scale = absmax / 127.5)
 
@@ -64,7 +64,7 @@ def test_static_activation_scale_is_the_mean_calibration_of_the_batches():
 
 @pytest.mark.parametrize("option", ["w8_ptq", "nf4_ptq"])  # nf4 codes: uint4, stored as uint8
 def test_a_ptq_checkpoint_reads_back_and_dequantizes_for_export(tmp_path, option):
-    from stack.policy import float_policy, load_policy
+    from stack.checkpoint.policy import float_policy, load_policy
 
     cfg, model = _setup(option)
     quantized = ptq.quantize(model, tuple(cfg.quantization.rules), [])
@@ -76,7 +76,8 @@ def test_a_ptq_checkpoint_reads_back_and_dequantizes_for_export(tmp_path, option
     plain, _, _ = float_policy(str(tmp_path / "checkpoints"))
     assert type(plain).__name__ == "Llama" and not hasattr(type(plain), "_unquantized_type")
     np.testing.assert_allclose(np.asarray(forward(plain, tokens)), np.asarray(forward(quantized, tokens)), atol=2e-5)
-    assert float(jax.numpy.abs(forward(plain, tokens) - forward(model, tokens)).max()) > 1e-4  # the quantized weights, not float
+    # the quantized weights, not float
+    assert float(jax.numpy.abs(forward(plain, tokens) - forward(model, tokens)).max()) > 1e-4
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -8,7 +8,7 @@ import pytest
 from jax.test_util import check_grads
 
 from stack.models.qkv import qkv
-from tests.conftest import assert_same_vjp
+from tests.helpers import assert_same_vjp
 
 
 def plain(x, wq, wk, wv):

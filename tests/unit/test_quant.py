@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from stack.config.validate import validate
 from stack.errors import ConfigError
 from stack.models.init import init_model
 from stack.models.llama import unfuse
 from stack.quant.providers import make_quantization, unquantized
-from stack.validate import validate
-from tests.conftest import forward, make_cfg
+from tests.helpers import forward, make_cfg
 from tests.unit.test_lora import random_adapters, tokens
 
 BOUND = {"int8": (127.5, -128, 127), "int4": (7.5, -8, 7)}  # Qwix numerics: symmetric bound = qmax + 0.5
@@ -105,7 +105,7 @@ def test_unquantized_view_is_the_float_model():
 def test_finalize_merges_adapters_into_the_base(option):
     """The merged plain model (W + alpha/rank * A B; QLoRA: dequantized W) computes what the
     adapted model computes."""
-    from stack.saved_params import assign_params
+    from stack.checkpoint.saved_params import assign_params
 
     cfg = make_cfg([f"quantization={option}", "quantization.rules.0.tile_size=16", "quantization.rules.0.alpha=12.0",
                     "quantization.rules.0.rank=4"])
@@ -141,7 +141,7 @@ def test_rules_are_checked_against_the_model_before_compute(overrides, match):
     (["quantization=lora", "quantization.rules.0.act_qtype=int8"], r"act_qtype'='int8': LoRA/QLoRA"),
     (["quantization=int8_qat", "quantization.rules.0.act_calibration=median"],
      r"'median' for 'quantization.rules.0.act_calibration'.*Available: absmax, fixed, minmax, rms"),
-    (["quantization=w8_ptq"], r"post-training quantization.*python -m stack.quantize"),
+    (["quantization=w8_ptq"], r"post-training quantization.*python -m stack.tools.quantize"),
     (["quantization=none", "quantization.method=fp4"], r"quantization.method.*Available: lora, none, ptq, qat"),
 ])
 def test_bad_quantization_configs_name_the_key_and_the_choices(overrides, match):
@@ -153,10 +153,10 @@ def test_bad_quantization_configs_name_the_key_and_the_choices(overrides, match)
 def test_compile_footprint_counts_packed_codes_and_scales(option, weight_bits):
     """QLoRA NF4 with 16-weight tiles stores 4 bits + one float32 scale per 16 weights = 6 bits per
     quantized weight; the float comparison is the plain model's params (float32) and Adam's 2x."""
-    from stack.build import build
-    from stack.compile import abstract_run
+    from stack.engine.aot import abstract_run
     from stack.models.init import param_count
     from stack.quant.footprint import footprint
+    from stack.run.build import build
 
     exp = build(make_cfg([f"quantization={option}", "quantization.rules.0.tile_size=16"] if option != "none"
                          else []), run_dir="", abstract=True)

@@ -1,4 +1,4 @@
-"""stack.recipes: the catalogue lines, the comparison of a run with its expectation (readable
+"""stack.tools.recipes: the catalogue lines, the comparison of a run with its expectation (readable
 rows, drift, config and version changes) and the recorder's refusal of a dirty tree."""
 
 import copy
@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from stack import recipes
-from stack.schema import recipe_files
+from stack.config.schema import recipe_files
+from stack.tools import expectations, recipes
 
-EXPECTED = {"recorded_with": {"jax": "0.10.2", "machine": "Linux x86_64, 2 cpus"}, "overrides": recipes.SHRINK,
+EXPECTED = {"recorded_with": {"jax": "0.10.2", "machine": "Linux x86_64, 2 cpus"}, "overrides": expectations.SHRINK,
             "tolerance": {"train/loss": 0.02}, "mean_tolerance": 0.005,
             "steps": {"train/loss": {"5": 4.0, "10": 3.0, "15": 2.0, "20": 1.0}},
             "config": {"model.d_model": 64, "optimizer.lr": 0.003}}
@@ -24,13 +24,13 @@ def run_like(scale: float = 1.0, **changes) -> dict:
 
 
 def test_a_run_within_tolerance_passes():
-    assert recipes.compare(EXPECTED, run_like(1.004)) == []
+    assert expectations.compare(EXPECTED, run_like(1.004)) == []
 
 
 def test_a_step_out_of_tolerance_is_a_readable_row_naming_versions():
     got = run_like(recorded_with={"jax": "0.12.0", "machine": "Linux x86_64, 2 cpus"})
     got["steps"]["train/loss"]["15"] = 2.1
-    problems = recipes.compare(EXPECTED, got)
+    problems = expectations.compare(EXPECTED, got)
     assert problems[0].split() == ["step", "metric", "expected", "got", "rtol"]
     assert problems[1].split() == ["15", "train/loss", "2", "2.1", "0.02"]
     assert "mean relative residual +0.0125" in problems[2]
@@ -38,19 +38,20 @@ def test_a_step_out_of_tolerance_is_a_readable_row_naming_versions():
 
 
 def test_a_small_systematic_drift_fails_though_every_step_is_within_tolerance():
-    problems = recipes.compare(EXPECTED, run_like(1.015))
+    problems = expectations.compare(EXPECTED, run_like(1.015))
     assert len(problems) == 1 and "mean relative residual +0.0150 over 4 steps" in problems[0]
 
 
 def test_a_changed_default_and_other_overrides_are_named():
     got = run_like(config={"model.d_model": 128, "optimizer.lr": 0.003, "trainer.steps": 20})
-    problems = recipes.compare(EXPECTED, got)
+    problems = expectations.compare(EXPECTED, got)
     assert problems == ["the resolved config changed (re-record if intended):", "  model.d_model: 64 -> 128",
                         "  trainer.steps: '<absent>' -> 20"]
     new_options = {"data.new_flag": False, "data.new_limit": None, "data.new_mode": "on"}  # added since recording
-    problems = recipes.compare(EXPECTED, run_like(config={"model.d_model": 64, "optimizer.lr": 0.003, **new_options}))
+    problems = expectations.compare(
+        EXPECTED, run_like(config={"model.d_model": 64, "optimizer.lr": 0.003, **new_options}))
     assert problems == ["the resolved config changed (re-record if intended):", "  data.new_mode: '<absent>' -> 'on'"]
-    assert "other overrides" in recipes.compare({**EXPECTED, "overrides": ["trainer.steps=5"]}, got)[0]
+    assert "other overrides" in expectations.compare({**EXPECTED, "overrides": ["trainer.steps=5"]}, got)[0]
 
 
 def test_catalogue_lists_every_recipe_with_its_header_fields():
@@ -85,7 +86,7 @@ fits: 15.13 GiB <= 16.00 GiB
 
 
 def test_a_compile_report_is_read_and_compared_with_its_tolerance():
-    from stack.recipe_compile import TOLERANCE, compare_compile, parse_report
+    from stack.tools.recipe_compile import TOLERANCE, compare_compile, parse_report
 
     got = parse_report(REPORT)
     assert got == {"per_device_gib": 15.13, "flops_per_device": 4.373e13, "fits": True}
@@ -102,7 +103,7 @@ def test_a_compile_report_is_read_and_compared_with_its_tolerance():
 
 
 def test_real_size_recipes_are_told_from_small_ones():
-    from stack.recipe_compile import is_real_size
+    from stack.tools.recipe_compile import is_real_size
 
-    sizes = {name: is_real_size(recipes.recipe_config(name)) for name in ("llama_sft", "llama3_8b_sft_tpu_v5e")}
+    sizes = {name: is_real_size(expectations.recipe_config(name)) for name in ("llama_sft", "llama3_8b_sft_tpu_v5e")}
     assert not sizes["llama_sft"] and sizes["llama3_8b_sft_tpu_v5e"]

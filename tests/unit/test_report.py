@@ -1,4 +1,4 @@
-"""stack.report on a sweep dir laid out as Hydra and stack write it, and the Optuna sweeper's
+"""stack.launch.report on a sweep dir laid out as Hydra and stack write it, and the Optuna sweeper's
 search space from Hydra's sweep syntax."""
 
 import csv
@@ -9,11 +9,11 @@ import optuna.distributions as d
 import pytest
 import yaml
 
+from stack.checkpoint.job_status import FILE, REFUSED, write_status
 from stack.errors import ConfigError
-from stack.jobstatus import FILE, REFUSED, write_status
-from stack.report import main as report_main
-from stack.report import read_sweep, report, table
-from stack.sweeper import search_space
+from stack.launch.report import main as report_main
+from stack.launch.report import read_sweep, report, table
+from stack.launch.sweeper import search_space
 
 
 def job(root, name, overrides, metric, values, status=None):
@@ -74,7 +74,7 @@ def test_losses_sort_ascending_and_the_metric_can_be_chosen(tmp_path):
 
 
 def test_a_bad_sweep_dir_is_one_line_and_exit_2(tmp_path, capsys):
-    """As every stack command given a bad argument (stack.generate, stack.hf, python -m stack)."""
+    """As every stack command given a bad argument (stack.tools.generate, stack.tools.hf, python -m stack)."""
     with pytest.raises(SystemExit) as info:
         report_main([str(tmp_path / "missing")])
     assert info.value.code == 2

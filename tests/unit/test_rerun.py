@@ -5,13 +5,13 @@ import math
 
 import pytest
 
-from stack.build import build
+from stack.checkpoint.job_status import write_status
+from stack.engine.summary import Summary
+from stack.engine.trainer import train
 from stack.errors import ConfigError
-from stack.jobstatus import write_status
-from stack.run import describe
-from stack.summary import Summary
-from stack.trainer import train
-from tests.conftest import make_cfg, read_metrics
+from stack.run.build import build
+from stack.run.modes import describe
+from tests.helpers import make_cfg, read_metrics
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1", "model.d_ff=64", "model.n_layers=1",
         "data.batch_size=8", "trainer.eval_batches=1", "logger=jsonl", "checkpoint=none", "trainer.steps=2",

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from stack.checkpoint import Checkpointer, config_diff, math_config
-from stack.errors import ConfigError
+from stack.checkpoint.manager import Checkpointer, config_diff, math_config
 from stack.data.pipeline import Batches
 from stack.data.tokenizers import ByteTokenizer
-from tests.conftest import make_cfg
+from stack.errors import ConfigError
+from tests.helpers import make_cfg
 
 
 def test_threads_prefetch_steps_and_remat_may_change_but_not_workers():
@@ -25,7 +25,8 @@ def test_a_checkpoint_from_before_an_option_existed_resumes_while_the_option_is_
     saved = math_config(make_cfg(["data=jsonl_sft"]))
     del saved["data"]["train_on_input"], saved["algorithm"]["loss_reduction"]
     saved["quantization_v0"] = {"rank": None}  # a group dropped since, off
-    assert config_diff(saved, math_config(make_cfg(["data=jsonl_sft"]))) == ["algorithm.loss_reduction: '<absent>' -> 'mean'"]
+    assert config_diff(saved, math_config(make_cfg(["data=jsonl_sft"]))) == [
+        "algorithm.loss_reduction: '<absent>' -> 'mean'"]
     on = math_config(make_cfg(["data=jsonl_sft", "data.train_on_input=true"]))
     assert "data.train_on_input: '<absent>' -> True" in config_diff(saved, on)
     assert config_diff({"a": 1}, {"a": 1, "new": {"x": None, "y": False}}) == []

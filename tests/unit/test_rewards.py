@@ -14,9 +14,10 @@ import pytest
 from stack.algorithms.onpolicy import reward_inputs, score_on_host
 from stack.data.tokenizers import ByteTokenizer
 from stack.errors import ConfigError
-from stack.rewards import RULES, make_rewards, metric_name, resolve
+from stack.rewards.functions import RULES
+from stack.rewards.group import make_rewards, metric_name, resolve
 from stack.rewards.runner import RewardRunner
-from tests.conftest import REPO, make_cfg
+from tests.helpers import REPO, make_cfg
 from tests.unit import reward_fns
 
 
@@ -138,3 +139,11 @@ def test_the_reward_group_builds_weighted_named_functions():
         np.testing.assert_array_equal(out, [[1.0, 1.0], [0.0, 0.0]])
     finally:
         runner.close()
+
+
+def test_the_schema_names_every_built_in_rule():
+    """Validation checks `reward.functions` against RewardConfig.rules (no jax, no workers); the
+    functions themselves are RULES."""
+    from stack.config.schema.reward import RewardConfig
+
+    assert sorted(RULES) == sorted(RewardConfig.rules)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stack.algorithms.rm import RewardModel, bradley_terry, pair_rows, sequence_scores
+from stack.algorithms.rm import RewardModel, bradley_terry, sequence_scores
 from stack.models.heads import ScalarHead
-from tests.conftest import models
+from stack.rewards.model import pair_rows
+from tests.helpers import models
 
 
 def test_bradley_terry_by_hand():

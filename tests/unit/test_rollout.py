@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stack.models.kv_cache import init_cache
 from stack.models.init import init_model
+from stack.models.kv_cache import init_cache
 from stack.rollout import Sampling, filter_logits, generate, sample_keys, sample_token
-from tests.conftest import make_cfg
+from tests.helpers import make_cfg
 
 CFG = make_cfg([]).model  # llama_tiny: GQA (4 heads, 2 kv heads), untied
 
@@ -162,7 +162,7 @@ def test_sampling_frequencies_follow_the_filtered_distribution_and_log_probs_the
 
 @pytest.mark.parametrize("flag", ["--top-k=-1", "--top-p=0", "--top-p=1.5", "--temperature=-0.5", "--num-samples=0"])
 def test_the_sampling_cli_refuses_out_of_range_flags_before_loading_anything(flag, capsys):
-    from stack.generate import main
+    from stack.tools.generate import main
 
     with pytest.raises(SystemExit) as info:
         main(["no/such/checkpoints", "--prompt", "1+1=", flag])
@@ -172,14 +172,15 @@ def test_the_sampling_cli_refuses_out_of_range_flags_before_loading_anything(fla
 
 @pytest.mark.parametrize("template,turn", [
     ("chatml", "<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n"),  # the ChatML format
-    ("llama3", "<|start_header_id|>user<|end_header_id|>\n\n{p}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+    ("llama3", "<|start_header_id|>user<|end_header_id|>\n\n{p}<|eot_id|>"
+               "<|start_header_id|>assistant<|end_header_id|>\n\n"),
 ])
 def test_chat_prompts_are_a_user_turn_with_an_open_assistant_turn(template, turn):
-    """stack.generate --chat: BOS + the template's user turn + the assistant header (HF
+    """stack.tools.generate --chat: BOS + the template's user turn + the assistant header (HF
     apply_chat_template with add_generation_prompt=True, here written out by hand); without
     --chat: BOS + the text."""
     from stack.data.tokenizers import ByteTokenizer
-    from stack.generate import encode_prompts
+    from stack.tools.generate import encode_prompts
 
     tok = ByteTokenizer()
     prompts = ["What is 2+3?", "hi"]
@@ -193,9 +194,9 @@ def test_chat_with_a_hugging_face_dir_without_a_tokenizer_is_refused_before_its_
     before the weights (absent here) are read; without --chat the missing weights are what fails."""
     import json
 
+    from stack.config.hf_config import hf_config
     from stack.errors import ConfigError
-    from stack.generate import load
-    from stack.models.hf_config import hf_config
+    from stack.tools.generate import load
 
     (tmp_path / "config.json").write_text(json.dumps(hf_config(CFG)))
     with pytest.raises(ConfigError, match="--chat: .* has no tokenizer.json"):

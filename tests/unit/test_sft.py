@@ -9,7 +9,7 @@ from stack.algorithms.sft import SFT
 from stack.data.encode import Encoder
 from stack.data.tokenizers import ByteTokenizer, make_tokenizer
 from stack.errors import ConfigError, DataError
-from tests.conftest import FixedLogits, loss_of
+from tests.helpers import FixedLogits, loss_of
 
 
 def batch_and_logits(seed=0, b=3, t=7, v=11):

@@ -3,7 +3,7 @@
 import io
 
 from stack.logging.sinks import ConsoleSink, JsonlSink
-from tests.conftest import read_metrics
+from tests.helpers import read_metrics
 
 
 class Tty(io.StringIO):

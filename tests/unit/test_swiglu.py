@@ -8,7 +8,7 @@ import pytest
 from jax.test_util import check_grads
 
 from stack.models.swiglu import swiglu
-from tests.conftest import assert_same_vjp
+from tests.helpers import assert_same_vjp
 
 
 def plain(x, gate, up, down):

@@ -1,6 +1,6 @@
-"""The loop's rhythm of waits for the device (stack.trainer.sync), on a hand-made clock."""
+"""The loop's rhythm of waits for the device (stack.engine.trainer.sync), on a hand-made clock."""
 
-from stack.trainer.sync import MAX_EVERY, SECONDS, Sync
+from stack.engine.trainer.sync import MAX_EVERY, SECONDS, Sync
 
 
 def waits(step_seconds: float, steps: int) -> list[int]:

@@ -7,10 +7,10 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
+from stack.config.validate import validate
 from stack.errors import ConfigError
-from stack.build import build
-from stack.validate import validate
-from tests.conftest import make_cfg
+from stack.run.build import build
+from tests.helpers import make_cfg
 
 CHAIN = "optimizer.chain"
 
@@ -20,23 +20,24 @@ def hostile(marker: str, victim: str) -> list[tuple[str, object, list[str]]]:
     touch = f"touch {marker}"
     entry = lambda node: (f"{CHAIN}.0", node, [])  # noqa: E731
     return [
-        entry({"_target_": "stack.checkpoint.shutil.copyfile", "_args_": [__file__, marker]}),  # stdlib via a module
-        entry({"_target_": "stack.app.os.system", "_args_": [touch]}),
+        # stdlib via a module
+        entry({"_target_": "stack.checkpoint.manager.shutil.copyfile", "_args_": [__file__, marker]}),
+        entry({"_target_": "stack.cli.app.os.system", "_args_": [touch]}),
         entry({"_target_": "builtins.exec", "_args_": [f"open({marker!r}, 'w')"]}),
         entry({"_target_": "os.system", "_args_": [touch]}),
         entry({"_target_": "subprocess.run", "_args_": [["touch", marker]]}),
         entry({"_target_": "shutil.rmtree", "_args_": [victim]}),
         entry({"_target_": "pickle.loads", "_args_": [b"x"]}),
-        entry({"_target_": "stack.app.__builtins__", "_args_": []}),  # getattr trick
-        entry({"_target_": "stack.schema.OmegaConf.create", "_args_": []}),  # a class method from elsewhere
+        entry({"_target_": "stack.cli.app.__builtins__", "_args_": []}),  # getattr trick
+        entry({"_target_": "stack.config.schema.OmegaConf.create", "_args_": []}),  # a class method from elsewhere
         entry({"_target_": "stack.rewards.runner.multiprocessing.Process", "target": "os.system"}),
         entry({"_target_": "optax.clip_by_global_norm",  # nested inside an allowed one's _args_
-               "_args_": [{"_target_": "stack.checkpoint.shutil.rmtree", "_args_": [victim]}]}),
+               "_args_": [{"_target_": "stack.checkpoint.manager.shutil.rmtree", "_args_": [victim]}]}),
         entry({"_target_": "optax.chain", "_args_": [[{"_target_": "os.system", "_args_": [touch]}]]}),  # in a list
         entry({"_target_": "${oc.env:STACK_TEST_TARGET}", "_args_": [touch]}),  # an interpolation
         (f"{CHAIN}.1", "${oc.create:{_target_: os.system, _args_: ['" + touch + "']}}", []),  # hidden in a resolver
-        (f"{CHAIN}.0", {"_target_": "stack.app.os.system", "_args_": [touch]}, ["allow_targets=[stack]"]),
-        ("algorithm._target_", "stack.build.instantiate", []),
+        (f"{CHAIN}.0", {"_target_": "stack.cli.app.os.system", "_args_": [touch]}, ["allow_targets=[stack]"]),
+        ("algorithm._target_", "stack.run.build.instantiate", []),
     ]
 
 
@@ -58,13 +59,13 @@ def test_hostile_targets_are_refused_with_their_key_and_none_runs(tmp_path, monk
 
 
 def test_allowed_targets_pass_and_user_packages_need_opting_in():
-    from stack.targets import check_targets
+    from stack.config.targets import check_targets
 
     check_targets(make_cfg(["+recipe=llama_dpo"]))  # stack.*, optax.* targets of a real recipe
     cfg = make_cfg(["allow_targets=[tests]"])
     OmegaConf.update(cfg, "algorithm._target_", "tests.unit.toy_reinforce.Reinforce")
     check_targets(cfg, ("tests",))
-    from stack.rewards import resolve
+    from stack.rewards.group import resolve
 
     with pytest.raises(ConfigError, match="reward.functions.*shutil.copyfile, defined outside the allowed packages"):
-        resolve("stack.checkpoint.shutil.copyfile", ("stack",))
+        resolve("stack.checkpoint.manager.shutil.copyfile", ("stack",))

@@ -5,8 +5,8 @@ import logging
 import os
 import signal
 import time
-from types import SimpleNamespace
 from dataclasses import replace
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -15,19 +15,19 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-import stack.trainer.metrics as metrics_hook
+import stack.engine.trainer.metrics as metrics_hook
 from stack.algorithms.base import Schedule, ratio
 from stack.algorithms.dpo import DPO as DPOAlgorithm
 from stack.algorithms.sft import SFT as SFTAlgorithm
-from stack.build import build
-from stack.saved_params import load_params
+from stack.checkpoint.saved_params import load_params
+from stack.engine.step import minibatch, one_program
+from stack.engine.trainer import Trainer, train
+from stack.engine.trainer.context import PREEMPTED, Hook
+from stack.engine.trainer.evaluation import evaluate
 from stack.errors import ConfigError
-from stack.parallel import batch_sharding, global_batch
-from stack.step import minibatch, one_program
-from stack.trainer import Trainer, train
-from stack.trainer.context import PREEMPTED, Hook
-from stack.trainer.evaluation import evaluate
-from tests.conftest import QUICK, captured, loss_of, make_cfg, read_metrics
+from stack.hardware.mesh import batch_sharding, global_batch
+from stack.run.build import build
+from tests.helpers import QUICK, captured, loss_of, make_cfg, read_metrics
 from tests.unit.toy_reinforce import TARGET, Reinforce
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1", "model.d_ff=64", "model.n_layers=1",
@@ -128,7 +128,8 @@ def test_loop_syncs_only_at_logging_steps(tmp_path, monkeypatch):
     exp = build(cfg, str(tmp_path))
     calls = []
     real = metrics_hook.means  # the train window's means and, through window_mean, the eval batches'
-    monkeypatch.setattr(metrics_hook, "means", lambda rows, prefix, **kw: calls.append(prefix) or real(rows, prefix, **kw))
+    monkeypatch.setattr(metrics_hook, "means",
+                        lambda rows, prefix, **kw: calls.append(prefix) or real(rows, prefix, **kw))
     with jax.transfer_guard_device_to_host("disallow"):
         train(exp)
     # train: steps 4, 8, 12; eval: steps 0, 6, 12
@@ -138,7 +139,8 @@ def test_loop_syncs_only_at_logging_steps(tmp_path, monkeypatch):
 def test_each_program_compiles_once_with_grad_accum(tmp_path, caplog):
     cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=6", "trainer.grad_accum=2",
                            "trainer.log_every=2", "trainer.eval_every=3"])
-    jax.config.update("jax_log_compiles", True)  # from the build on: the round's program compiles there (stack.precompile)
+    # from the build on: the round's program compiles there (stack.engine.precompile)
+    jax.config.update("jax_log_compiles", True)
     try:
         with caplog.at_level(logging.WARNING):
             train(build(cfg, str(tmp_path)))
@@ -151,7 +153,8 @@ def test_each_program_compiles_once_with_grad_accum(tmp_path, caplog):
 
 
 def test_lr_logged_follows_schedule(tmp_path):
-    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=10", "trainer.log_every=5", "optimizer.warmup_steps=4"])
+    cfg = make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=10", "trainer.log_every=5",
+                           "optimizer.warmup_steps=4"])
     exp, cap = captured(build(cfg, str(tmp_path)))
     train(exp)
     rows = [r for r in cap.rows if "train/lr" in r]
@@ -330,7 +333,7 @@ def test_summary_is_typed_and_names_the_objective(tmp_path):
 def test_a_one_step_run_reports_no_rate_rather_than_zero(tmp_path):
     """Its only step compiled, so nothing measures a steady rate: summary.json had perf/tokens_per_sec
     0 and perf/mfu 0, and the last line said '0 tok/s, MFU 0.0%'."""
-    from stack.run import describe
+    from stack.run.modes import describe
 
     summary = train(build(make_cfg(TINY + [f"run_dir={tmp_path}", "trainer.steps=1"]), str(tmp_path)))
     assert summary.final_step == 1 and summary.perf["compile_seconds"] > 0
@@ -368,7 +371,7 @@ def test_an_old_format_checkpoint_is_refused_with_the_reason(tmp_path):
 
 def test_resume_from_another_run_takes_its_run_dir_and_refuses_a_dir_without_steps(tmp_path):
     """checkpoint.resume=PATH given a run dir (not its checkpoints/) trained from scratch, silently."""
-    from stack.run import run
+    from stack.run.modes import run
 
     run(make_cfg(TINY + [f"run_dir={tmp_path}/a", "trainer.steps=2", "checkpoint=local"]))
     b = make_cfg(TINY + [f"run_dir={tmp_path}/b", "trainer.steps=3", "checkpoint=local",

@@ -7,9 +7,9 @@ import pytest
 import wandb
 from omegaconf import OmegaConf
 
+from stack.config.schema.logger import LoggerConfig
 from stack.logging.wandb_reader import read_offline_run
 from stack.logging.wandb_sink import WandbSink
-from stack.schema.logger import LoggerConfig
 
 CONFIG = {"model": {"d_model": 64}, "optimizer": {"lr": 0.001}}
 
@@ -111,7 +111,8 @@ def test_online_without_network_falls_back_to_offline(tmp_path, monkeypatch):
     cfg = make_cfg(mode="online", init_timeout=2.0)
 
     start = time.monotonic()
-    with pytest.warns(RuntimeWarning, match=r"falling back to offline run fallback1: upload it later with `wandb sync "):
+    with pytest.warns(RuntimeWarning,
+                      match=r"falling back to offline run fallback1: upload it later with `wandb sync "):
         sink = WandbSink(cfg, str(tmp_path / "job"), CONFIG, run_id="fallback1")
     assert time.monotonic() - start < 15  # bounded by init_timeout (was 27-30 s whatever it said)
     sink.log(0, {"train/loss": 1.5})

@@ -1,0 +1,295 @@
+"""Entry point: check the command line, compose with Hydra, dispatch by `mode`.
+
+Composition errors are caught in a preflight compose (pure Python, no jax) and shown as one
+paragraph; `HYDRA_FULL_ERROR=1` shows the full traceback instead.
+"""
+
+import argparse
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import hydra
+from hydra import compose, initialize_config_module
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, ValueType
+from hydra.errors import ConfigCompositionException, OverrideParseException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from stack.checkpoint.job_status import FILE, REFUSED, write_status
+from stack.checkpoint.rundir import creatable
+from stack.config.compose_errors import friendly_error
+from stack.config.hf_config import take_architecture
+from stack.config.schema import CONFIG_MODULE, recipe_files
+from stack.config.validate import validate
+from stack.errors import ConfigError, RunDirRefused, RunFailed, bad_choice, short
+from stack.hardware.gc_freeze import frozen_imports
+from stack.launch import hydra_job
+from stack.launch.local import end_failed_rank, launcher_for, one_of_several
+from stack.launch.report import FAILED_JOBS
+from stack.launch.slurm import check_submit_host, register_slurm
+from stack.launch.sweeper import register_sweeper
+from stack.launch.worker_cores import process_workers, tune_host
+
+register_sweeper()  # hydra/sweeper=optuna and hydra/launcher=slurm, before Hydra composes
+register_slurm()
+
+
+def available_recipes() -> list[str]:
+    """Names usable as `+recipe=NAME` (the YAML files shipped in `recipes/`)."""
+    return sorted(recipe_files())
+
+
+def _override_sets(overrides: list[str]) -> list[list[str]]:
+    """Override lists to check: the sweep's first job, then each other sweep value in turn.
+
+    `hydra.*` overrides are Hydra's to check; interval sweeps (for optimizing sweepers)
+    have no values to enumerate and are left to the sweeper.
+    """
+    fixed: list[str] = []
+    sweeps: list[tuple[int, str, list[str]]] = []
+    for o in _parsed(overrides):
+        value = o.input_line.split("=", 1)[1] if "=" in o.input_line else ""
+        if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value and "," not in value:
+            creatable(value, o.key_or_group, keep=False)  # Hydra makes it (a job starts) with no check of ours
+        if o.key_or_group.startswith("hydra"):
+            continue
+        if o.is_delete():  # ~key: no value to check
+            fixed.append(o.input_line)
+            continue
+        values = [o.input_line.split("=", 1)[1]] if not o.is_sweep_override() else None
+        if values == [""]:
+            raise ConfigError(f"The override {short(o.input_line)!r} gives '{o.key_or_group}' no value: give one "
+                              f"({o.key_or_group}=VALUE), write {o.key_or_group}='' for an empty string, or "
+                              f"drop the key with ~{o.key_or_group}.")
+        if values is None:
+            try:
+                values = list(o.sweep_string_iterator())
+            except Exception:
+                continue
+        if o.key_or_group == "recipe" and not o.is_delete():
+            for name in values:
+                if name not in available_recipes():
+                    raise bad_choice("+recipe", name, available_recipes(), what="recipe")
+        if o.is_sweep_override():
+            sweeps.append((len(fixed), o.get_key_element(), values))
+        fixed.append(o.input_line if not o.is_sweep_override() else f"{o.get_key_element()}={values[0]}")
+    sets = [fixed]
+    for pos, key, values in sweeps:
+        for value in values[1:]:
+            sets.append(fixed[:pos] + [f"{key}={value}"] + fixed[pos + 1:])
+    return sets
+
+
+def last_wins(argv: list[str]) -> list[str]:
+    """`argv` without the earlier overrides of a key set again later (Hydra's last-wins rule,
+    applied before composing, so an earlier bad value is not what fails)."""
+    keys = [a.split("=", 1)[0].lstrip("+") if "=" in a and not a.startswith("-") else None for a in argv]
+    return [a for i, (a, k) in enumerate(zip(argv, keys, strict=True)) if k is None or k not in keys[i + 1:]]
+
+
+def _parsed(overrides: list[str]) -> list[Override]:
+    """Hydra's parse of each override; one that does not parse is a ConfigError naming it."""
+    parser, parsed = OverridesParser.create(), []
+    for line in overrides:
+        try:
+            parsed += parser.parse_overrides([line])
+        except OverrideParseException as exc:
+            raise ConfigError(
+                f"Cannot parse the override {short(line)!r}: {short(str(exc).splitlines()[0], 160)}. The syntax is "
+                "key=value, +key=value (add), ~key (delete), key=a,b (a sweep); quote a value with brackets, "
+                "spaces or non-ASCII characters: 'key=\"value\"'.") from None
+    return parsed
+
+
+def _hydra_args(argv: list[str]) -> argparse.Namespace:
+    """Hydra's reading of the command line (its flags: --cfg, --help, -m, ...)."""
+    return hydra._internal.utils.get_args_parser().parse_args(last_wins(argv))
+
+
+def _check_one_mode(args: argparse.Namespace) -> None:
+    """Hydra takes one of -m, --run, --cfg, --info, --shell-completion (it raised a bare ValueError)."""
+    modes = [flag for flag, on in (("-m (--multirun)", args.multirun), ("--run", args.run), ("--cfg", args.cfg),
+                                   ("--info", args.info), ("--shell-completion", args.shell_completion)) if on]
+    if len(modes) > 1:
+        hint = ("to see one job's config, drop -m and give each swept key one of its values (seed=0,1 -> "
+                "seed=0)" if args.multirun and args.cfg else "give one of them")
+        raise ConfigError(f"{' and '.join(modes)} cannot be combined: a command runs, sweeps or shows one thing; "
+                          f"{hint}.")
+
+
+def _check_sweep_has_m(args: argparse.Namespace) -> None:
+    """A sweep (key=a,b, range(), choice(), interval()) runs only with -m; Hydra's own error for one
+    without it ("Ambiguous value ...") took five lines."""
+    if args.multirun or any(o.lstrip("+~").startswith("hydra.mode") for o in args.overrides):
+        return
+    for o in _parsed(args.overrides):
+        if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
+            key, value = o.get_key_element(), short(o.input_line.split("=", 1)[1], 60)
+            forms = (f"; a list value is written in brackets ({key}=[{value}]), a string with commas quoted "
+                     f"(\"{key}='{value}'\")" if o.value_type == ValueType.SIMPLE_CHOICE_SWEEP else "")
+            raise ConfigError(f"The override {short(o.input_line)!r} is a sweep over values of '{key}', and a sweep "
+                              f"runs only with -m (--multirun): add -m to run one job per value, or give '{key}' "
+                              f"one value{forms}.")
+
+
+def preflight(argv: list[str]) -> DictConfig | None:
+    """Compose and validate what `argv` asks for (each sweep value); raise ConfigError if bad.
+
+    Returns the first job's config (None for --help and the like).
+    """
+    with initialize_config_module(CONFIG_MODULE, version_base=None):
+        return composed(argv)[0]
+
+
+def composed(argv: list[str]) -> tuple[DictConfig | None, DictConfig | None]:
+    """(the first job's config or None, as `preflight`; for a plain run, its whole config as Hydra
+    runs it, `hydra` node included (stack.launch.hydra_job), else None). GlobalHydra is initialized."""
+    args = _hydra_args(argv)
+    _check_one_mode(args)
+    if args.help or args.hydra_help or args.info or args.shell_completion:
+        return None, None
+    _check_sweep_has_m(args)
+    check_submit_host(args.overrides)
+    sets = _override_sets(args.overrides)
+    if _plain_run(args) and len(sets) == 1:  # one job: composed once, as Hydra runs it
+        whole, job_cfg = _checked(lambda: hydra_job.compose_run(args.overrides), args.overrides, hydra_job.job_part)
+        return job_cfg, whole
+    cfg = None
+    for overrides in sets:
+        job_cfg = _checked(lambda: compose(config_name=args.config_name or "config", overrides=overrides), overrides)[1]
+        cfg = cfg or job_cfg
+    return cfg, None
+
+
+def _plain_run(args: argparse.Namespace) -> bool:
+    """A run of one job in this process, its config Hydra's default (what stack.launch.hydra_job runs)."""
+    return not (args.multirun or args.cfg or args.config_name or args.config_path or args.config_dir
+                or args.experimental_rerun or any(o.lstrip("+~").startswith("hydra.mode") for o in args.overrides))
+
+
+def _checked(composed: Callable[[], DictConfig], overrides: list[str],
+             job: Callable[[DictConfig], DictConfig] = lambda cfg: cfg) -> tuple[DictConfig, DictConfig]:
+    """(`composed()`, its job part `job(...)`, validated); a composition or validation error is a ConfigError."""
+    try:
+        cfg = composed()
+        job_cfg = job(cfg)
+        take_architecture(job_cfg, overrides)
+        validate(job_cfg)  # reads every value: a bad interpolation fails here
+    except (ConfigCompositionException, OmegaConfBaseException, AssertionError, TypeError, ValueError,
+            OSError) as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        raise friendly_error(exc, overrides) from exc
+    return cfg, job_cfg
+
+
+def _run(cfg: DictConfig) -> Any:
+    take_architecture(cfg, list(HydraConfig.get().overrides.task))
+    validate(cfg)
+    if cfg.mode == "compile" and cfg.hardware.platform == "gpu":  # compile-only GPUs (stack.hardware.gpu_target)
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+        os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # their executables cannot be loaded back
+    if cfg.hardware.platform == "cpu":
+        # no TPU/GPU plugin to initialise (libtpu, installed for mode=compile, probes for TPUs at
+        # every jax start otherwise: ~0.25 s and a page of errors on a machine without one)
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        _tune_host()
+    with frozen_imports("stack.run.modes"):  # jax is imported only here, after validation (stack.hardware.gc_freeze)
+        from stack.run.modes import run
+
+    return run(cfg)
+
+
+def _tune_host() -> None:
+    """Before jax starts its threads on a CPU run: a parallel sweep's worker takes its share of the
+    cores and malloc keeps freed pages (stack.launch.worker_cores.tune_host)."""
+    hc = HydraConfig.get()
+    n_jobs = process_workers(hc.launcher) if hc.mode == RunMode.MULTIRUN else None
+    tune_host(hc.sweep.dir if n_jobs else "", n_jobs)
+
+
+def task(cfg: DictConfig) -> Any:
+    """One Hydra job. In a multirun a failing job is recorded and the sweep goes on."""
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        result = _run(cfg)
+        if cfg.mode == "compile" and result and not multirun:
+            sys.exit(result)  # mode=compile: exit 1 when the step does not fit the chip
+        return result
+    except Exception as exc:
+        if not multirun:
+            if isinstance(exc, (ConfigError, RunFailed)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
+                print(f"error: {exc}", file=sys.stderr)
+                # the paragraph stays the last word: a failed async save (Orbax) can leave a write
+                # coroutine that Python reports as never awaited when it collects it at exit
+                warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+                sys.exit(2 if isinstance(exc, ConfigError) else 1)
+            raise
+        job = cfg.get("run_dir") or HydraConfig.get().runtime.output_dir
+        if os.environ.get("STACK_PROCESS_ID", "0") == "0":  # read back by stack.launch.report at the sweep's end
+            refused = isinstance(exc, RunDirRefused)  # the dir's own run keeps its status.json
+            write_status(job, "refused" if refused else "failed", file=REFUSED if refused else FILE,
+                         error=f"{type(exc).__name__}: {short(str(exc), 2000)}")
+        traceback.print_exc()
+        print(f"job failed, the sweep goes on: {job}", file=sys.stderr)
+        return None
+
+
+hydra_task = hydra.main(version_base=None, config_path="pkg://stack.conf", config_name="config")(task)
+
+
+def main() -> None:
+    """`python -m stack [overrides]`: preflight, then a plain run's job from the preflight's
+    composition (stack.launch.hydra_job), anything else handed over to Hydra. Ctrl-C anywhere ends
+    the process with one line and exit code 130 (in the loop, after the save it triggers); a
+    failing rank of a multi-process job exits at once (`end_failed_rank`)."""
+    sys.argv[1:] = last_wins(sys.argv[1:])  # what Hydra composes, too
+    try:
+        _checked_and_run()
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # no interpreter teardown: XLA threads cut short by Ctrl-C can crash it
+    except SystemExit as exc:
+        if exc.code not in (0, None) and one_of_several():
+            if not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+            end_failed_rank(exc.code if isinstance(exc.code, int) else 1)
+        raise
+    except Exception:
+        if one_of_several():  # HYDRA_FULL_ERROR=1: the traceback, then exit without waiting on the others
+            traceback.print_exc()
+            end_failed_rank(1)
+        raise
+
+
+def _checked_and_run() -> None:
+    argv = sys.argv[1:]
+    with initialize_config_module(CONFIG_MODULE, version_base=None):  # until a plain run's job ends
+        try:
+            cfg, whole = composed(argv)
+            launch = launcher_for(cfg, argv) if cfg is not None else None
+            if whole is not None and launch is None:  # this process runs the job
+                hydra_job.into_run_dir(whole, cfg, _hydra_args(argv).overrides)
+        except ConfigError as exc:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        if launch is not None and not _hydra_args(argv).cfg:  # --cfg: Hydra prints the config, nothing starts
+            sys.exit(launch())  # launcher=local / tpu_pod / xpk: this process only starts the job
+        if whole is not None:
+            hydra_job.run(whole, task)
+            return
+    hydra_task()
+    if FAILED_JOBS:
+        print(f"{len(FAILED_JOBS)} job(s) failed:\n  " + "\n  ".join(FAILED_JOBS), file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,30 @@
+"""Schema of the `mesh` group: named device-mesh axes and logical-axis rules."""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+DEFAULT_RULES = {
+    "batch": ["data", "fsdp"],  # activations and data: split over data and fsdp
+    "length": None,
+    "vocab": "tensor",
+    "embed": "fsdp",  # params: sharded over fsdp (ZeRO-3 style), gathered per layer by XLA
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "norm": None,
+}
+
+
+@dataclass
+class MeshConfig:
+    name: str = "single"
+    # Mesh axis sizes, in mesh order (MESH_AXES); one may be -1: fill the remaining devices.
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+    # Logical axis name -> mesh axis (a name, a list of names, or null = replicated).
+    # The default table serves every mesh option; an option or override changes entries.
+    rules: Dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_RULES))

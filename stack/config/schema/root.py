@@ -1,0 +1,56 @@
+"""Schema of the composed config's own keys (everything that is not a group)."""
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 200  # optimizer steps
+    grad_accum: int = 1  # micro-batches per optimizer step (gradients summed, divided once)
+    log_every: int = 10  # the only steps where metrics leave the device
+    eval_every: int = 50  # 0: only at the start and the end
+    eval_batches: int = 4
+    # the metric a multirun job returns to the sweeper; null: the algorithm's (eval/loss, GRPO: eval/reward)
+    objective: Optional[str] = None
+    nan_policy: str = "stop"  # stop | ignore
+    # XLA's persistent compilation cache: auto (<user cache>/stack/jax, stack/hardware/compile_cache.py), off, or a dir
+    compilation_cache: Optional[str] = "auto"
+    profile: Optional[List[int]] = None  # [START, STOP]: a jax.profiler trace of those steps in <run_dir>/profile
+
+
+@dataclass
+class WarmStartConfig:
+    """A first stage trained when `model.init_from` is not set (e.g. SFT before GRPO)."""
+
+    recipe: Optional[str] = None  # a recipe name; null: no warm start
+    overrides: List[str] = field(default_factory=list)  # extra overrides of that stage
+
+
+@dataclass
+class SweepConfig:
+    # the metric a sweep optimizes (hydra/sweeper=optuna) and reports; null: trainer.objective
+    objective: Optional[str] = None
+
+
+@dataclass
+class Config:
+    model: Any = None
+    mesh: Any = None
+    optimizer: Any = None
+    quantization: Any = None
+    data: Any = None
+    checkpoint: Any = None
+    hardware: Any = None
+    algorithm: Any = None
+    reward: Any = None
+    logger: Any = None
+    launcher: Any = None
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    seed: int = 0
+    mode: str = "train"  # train | compile | validate
+    run_dir: Optional[str] = None  # None: Hydra's output dir
+    # `_target_` prefixes honoured besides stack., optax., flax., jax., qwix., grain., orbax.
+    allow_targets: List[str] = field(default_factory=list)
