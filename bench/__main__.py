@@ -5,10 +5,12 @@ Each bench runs in its own process (its XLA flags and threads are its own) and p
 lines plus its rows (bench/rows.py); the table lists bench, ratio, goal and `ok` or `miss` last.
 The processes share one persistent compilation cache (a program another bench, an earlier run in
 the same bench or an earlier `python -m bench` compiled loads from it; every ratio leaves compilation
-out): the one `python -m stack` uses (stack.cache.compilation_cache_dir), or a fresh one with
+out): the one `python -m stack` uses (stack.hardware.compile_cache.compilation_cache_dir), or a fresh one with
 `--cold` (as a new machine's first run). The benches that time compilation keep their own caches.
 A bench that needs a package that is not installed (libtpu, Tunix) is named under the table.
 `--logs DIR` keeps each bench's own output (its measurements behind the row) in DIR/<bench>.log.
+`--markdown` prints the table as markdown (bench, measures, reading, goal, ok/miss) on stdout, the
+progress on stderr: bench/README.md's table is that output, pasted between its markers.
 """
 
 import argparse
@@ -21,7 +23,7 @@ import tempfile
 import time
 
 from bench.rows import holds, parse
-from stack.cache import compilation_cache_dir
+from stack.hardware.compile_cache import compilation_cache_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # script: (arguments at full size, arguments with --quick, the module it needs or None)
@@ -64,15 +66,41 @@ def run(script: str, args: list[str], cache: str, logs: str | None = None) -> tu
     return rows, "" if rows else "printed no row"
 
 
+def entries(results: dict[str, tuple[list[dict], str]]) -> list[tuple[str, str, float | None, str, str]]:
+    """(bench, row name or `failed (...)`, ratio or None, goal, ok or miss) of each row, in order."""
+    out = []
+    for script, (rows, failure) in results.items():
+        out += [(script, r["name"], r["ratio"], r["goal"], "ok" if holds(r["ratio"], r["goal"]) else "miss")
+                for r in rows]
+        if failure:
+            out.append((script, f"failed ({failure})", None, "", "miss"))
+    return out
+
+
 def table(results: dict[str, tuple[list[dict], str]]) -> list[str]:
     """The table lines: bench, ratio, goal, then ok or miss."""
     lines = [f"{'bench':64s} {'ratio':>8s}  {'goal':10s}"]
-    for script, (rows, failure) in results.items():
-        for r in rows:
-            verdict = "ok" if holds(r["ratio"], r["goal"]) else "miss"
-            lines.append(f"{script + ': ' + r['name']:64s} {r['ratio']:8.3f}  {r['goal']:10s} {verdict}")
-        if failure:
-            lines.append(f"{script + ': failed (' + failure + ')':94s} miss")
+    for script, name, ratio, goal, verdict in entries(results):
+        if ratio is None:
+            lines.append(f"{script + ': ' + name:94s} {verdict}")
+        else:
+            lines.append(f"{script + ': ' + name:64s} {ratio:8.3f}  {goal:10s} {verdict}")
+    return lines
+
+
+def markdown(results: dict[str, tuple[list[dict], str]], missing: list[str] | None = None) -> list[str]:
+    """The table as markdown lines: bench, measures (the row's name), reading (the ratio), goal, ok or miss;
+    a failed bench is one `miss` row; `missing` (the benches not run) is named under the table."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| bench | measures | reading | goal | ok/miss |", "|---|---|---|---|---|"]
+    for script, name, ratio, goal, verdict in entries(results):
+        reading = "" if ratio is None else f"{ratio:.3f}"
+        row = [f"`{script}`", cell(name), reading, cell(goal), verdict]
+        lines.append("|" + "|".join(f" {c} " if c else " " for c in row) + "|")
+    if missing:
+        lines += ["", f"Not run: {', '.join(missing)}."]
     return lines
 
 
@@ -88,12 +116,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one trial")
     parser.add_argument("--cold", action="store_true", help="a fresh compilation cache, as on a new machine")
     parser.add_argument("--logs", metavar="DIR", help="write each bench's own output to DIR/<bench>.log")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the table as markdown (bench/README.md's table), the progress on stderr")
     parser.add_argument("benches", nargs="*", help=f"a subset of {', '.join(BENCHES)} (default: all)")
     args = parser.parse_args()
     if unknown := sorted(set(args.benches) - set(BENCHES)):
         parser.error(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)
+    progress = sys.stderr if args.markdown else sys.stdout
     results, missing, start = {}, [], time.perf_counter()
     with shared_cache(args.cold) as cache:
         for script in args.benches or BENCHES:
@@ -103,9 +134,13 @@ def main() -> None:
                 continue
             began = time.perf_counter()
             results[script] = run(script, quick if args.quick else full, cache, args.logs)
-            print(f"ran {script} in {time.perf_counter() - began:.0f} s", flush=True)
-    print("\n".join(table(results)))
-    print(f"{time.perf_counter() - start:.0f} s" + (f"; not run: {', '.join(missing)}" if missing else ""))
+            print(f"ran {script} in {time.perf_counter() - began:.0f} s", file=progress, flush=True)
+    if args.markdown:
+        print("\n".join(markdown(results, missing)))
+        print(f"{time.perf_counter() - start:.0f} s", file=progress)
+    else:
+        print("\n".join(table(results)))
+        print(f"{time.perf_counter() - start:.0f} s" + (f"; not run: {', '.join(missing)}" if missing else ""))
     sys.exit(1 if any(failure for _, failure in results.values()) else 0)
 
 

@@ -2,6 +2,7 @@
 (bounds included or not as written), and every line ends with ok or miss."""
 
 import os
+import re
 
 import pytest
 
@@ -30,7 +31,7 @@ def test_rows_printed_by_a_bench_make_the_table(capsys):
 def test_every_bench_script_is_in_the_runner():
     import os
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     scripts = {f[:-3] for f in os.listdir(os.path.join(REPO, "bench")) if f.endswith(".py")}
     assert scripts - {"__main__", "rows"} == set(BENCHES)
@@ -64,3 +65,58 @@ def test_a_bench_process_output_is_kept_with_logs(monkeypatch, tmp_path):
     assert failure == "" and [r["ratio"] for r in rows] == [0.5]
     log = (tmp_path / "logs" / "fake.log").read_text()
     assert "steps 257 GFLOP/s" in log and "a warning" in log  # the lines behind the row, stderr too
+
+
+def test_markdown_formats_the_rows_as_a_table(capsys):
+    """`python -m bench --markdown`: bench, measures, reading, goal, ok/miss; a failed bench is a miss row,
+    a `|` in a name is escaped, the benches not run are named under the table."""
+    from bench.__main__ import markdown
+
+    emit("async save / sync save (110 MB)", 0.0181, "<= 0.05")
+    emit("decode | speed-up (tiny)", 4.9, ">= 5")
+    rows = parse(capsys.readouterr().out)
+    lines = markdown({"checkpoint": (rows[:1], ""), "rollout": (rows[1:], ""), "dpo_step": ([], "exit 1: Boom")},
+                     ["tunix_dpo (needs tunix)"])
+    assert lines[:2] == ["| bench | measures | reading | goal | ok/miss |", "|---|---|---|---|---|"]
+    assert lines[2] == "| `checkpoint` | async save / sync save (110 MB) | 0.018 | <= 0.05 | ok |"
+    assert lines[3] == "| `rollout` | decode \\| speed-up (tiny) | 4.900 | >= 5 | miss |"
+    assert lines[4] == "| `dpo_step` | failed (exit 1: Boom) | | | miss |"
+    assert lines[5:] == ["", "Not run: tunix_dpo (needs tunix)."]
+    assert all(len(re.split(r"(?<!\\)\|", line)) == 7 for line in lines[:5])  # five cells each
+    assert markdown({}) == lines[:2]
+
+
+def test_the_markdown_option_prints_only_the_table_on_stdout(monkeypatch, capsys):
+    import bench.__main__ as runner
+
+    monkeypatch.setattr(runner, "BENCHES", {"fake": ([], [], None), "gone": ([], [], "no_such_module_here")})
+    monkeypatch.setattr(runner, "run", lambda script, args, cache, logs: ([{"name": "a ratio", "ratio": 0.5,
+                                                                            "goal": "<= 1"}], ""))
+    monkeypatch.setattr("sys.argv", ["bench", "--markdown"])
+    with pytest.raises(SystemExit) as exit_:
+        runner.main()
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 0 and "ran fake in" in err
+    assert out.splitlines() == runner.markdown({"fake": ([{"name": "a ratio", "ratio": 0.5, "goal": "<= 1"}], "")},
+                                               ["gone (needs no_such_module_here)"])
+
+
+def test_the_bench_readme_table_is_in_the_markdown_format():
+    """bench/README.md's table is `python -m bench --markdown`'s output between its markers: the same
+    header, five cells a row, each verdict the goal's, every bench in a row or named as not run."""
+    from bench.__main__ import markdown
+    from tests.helpers import REPO
+
+    text = open(os.path.join(REPO, "bench", "README.md")).read()
+    block = re.search(r"<!-- bench table: python -m bench --markdown -->\n(.*?)<!-- end bench table -->", text, re.S)
+    assert block, "bench/README.md lost its table markers"
+    lines = block.group(1).strip().splitlines()
+    assert lines[:2] == markdown({})
+    table_rows = [line for line in lines[2:] if line.startswith("|")]
+    assert table_rows
+    for line in table_rows:
+        bench, _, reading, goal, verdict = (c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1])
+        assert bench.strip("`") in BENCHES, line
+        assert verdict == ("ok" if reading and holds(float(reading), goal) else "miss"), line  # failed: no reading
+    named = {line.split("`")[1] for line in table_rows} | set(re.findall(r"(\w+) \(needs", block.group(1)))
+    assert named == set(BENCHES)
