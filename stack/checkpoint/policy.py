@@ -15,10 +15,11 @@ from flax import nnx
 from omegaconf import DictConfig, OmegaConf
 
 from stack.checkpoint.saved_params import assign_params, checkpoints_of, load_params, read_params
+from stack.config.attention import attention_kernel
 from stack.errors import ConfigError
 from stack.models.hf import load_hf_weights
 from stack.models.init import abstract_model, init_model
-from stack.models.llama import unfuse
+from stack.models.llama import unfuse, use_attention
 from stack.quant.providers import make_quantization
 
 
@@ -34,6 +35,8 @@ def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:
         model = init_model(cfg.model, cfg.seed)
         if source:
             load_params(model, source)
+    platform = cfg.hardware.platform  # on CPU a Pallas kernel runs in interpret mode (tests)
+    use_attention(model, attention_kernel(cfg.model, platform), cfg.model.get("attention_block"), platform == "cpu")
     # CPU speedups (the docstrings of MLP and Attention); elsewhere each projection is its own product
     return model if cfg.hardware.platform == "cpu" else unfuse(model)
 

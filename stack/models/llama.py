@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stack.models.attention import KERNELS, applies, platform_attention
 from stack.models.attention_core import NEG, causal_attention, fold_queries, unfold_queries
 from stack.models.kv_cache import KVCache
 from stack.models.layer_stack import run_layers
@@ -73,6 +74,7 @@ class Attention(nnx.Module):
         self.v_proj = _linear(d, kv * head_dim, ("embed", "kv_heads"), cfg, rngs)
         self.o_proj = _linear(h * head_dim, d, ("heads", "embed"), cfg, rngs)
         self.fused = True
+        self.kernel, self.block, self.interpret = "core", None, False  # set by use_attention
 
     def _project(self, x: Array) -> tuple[Array, Array, Array]:
         projections = (self.q_proj, self.k_proj, self.v_proj)
@@ -83,7 +85,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x: Array, rope: tuple[Array, Array], mask: Array,
                  cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
-        """x [B, T, D], rope: `rope_tables` of the positions [B, T], mask bool [B, T, S] (True = may attend).
+        """x [B, T, D], rope: `rope_tables` of the positions [B, T], mask bool [B, T, S] (True = may attend),
+        or int segment ids [B, T] for the platform kernel (stack.models.attention; causal within a segment).
 
         With `cache` = (keys [B, S, kv, hd], values, write index): this call's keys and values
         are written at the index and attention runs over all S slots; returns (out, (keys, values)).
@@ -94,6 +97,9 @@ class Attention(nnx.Module):
         q = apply_rope(q.reshape(b, t, kv * g, hd), rope)
         k = apply_rope(k.reshape(b, t, kv, hd), rope)
         v = v.reshape(b, t, kv, hd)
+        if mask.ndim == 2:  # segment ids: Llama.hidden chose the platform kernel
+            out = platform_attention(self.kernel, q, k, v, mask, self.block, self.interpret)
+            return self.o_proj(out.reshape(b, t, kv * g * hd))
         if self.fused and cache is None:
             return self.o_proj(causal_attention(q, k, v, mask))
         if cache is not None:
@@ -126,6 +132,20 @@ class MLP(nnx.Module):
         dtype = self.gate_proj.dtype
         kernels = (p.kernel[...].astype(dtype) for p in (self.gate_proj, self.up_proj, self.down_proj))
         return swiglu(x.astype(dtype), *kernels)
+
+
+def use_attention(model: nnx.Module, kernel: str, block: Optional[int] = None, interpret: bool = False) -> nnx.Module:
+    """`model` computing whole-sequence attention with `kernel` (stack.models.attention.KERNELS; `block`:
+    splash's block, None: chosen by T; `interpret`: Pallas interpret mode, for tests on CPU). Where the
+    kernel does not apply (a T splash cannot block, DPO's shared prompts) the core computes it."""
+    if kernel not in KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}: one of {', '.join(KERNELS)}")
+    for module in (m for _, m in nnx.iter_modules(model)):
+        if isinstance(module, Attention):
+            module.kernel, module.block, module.interpret = kernel, block, interpret
+        elif isinstance(module, Llama):
+            module.attention, module.attention_block = kernel, block
+    return model
 
 
 def unfuse(model: nnx.Module) -> nnx.Module:
@@ -173,6 +193,7 @@ class Llama(nnx.Module):
         self.tie_embeddings = bool(cfg.tie_embeddings)
         self.remat = str(getattr(cfg, "remat", "none"))
         self.scan_layers = bool(getattr(cfg, "scan_layers", False))
+        self.attention, self.attention_block = "core", None  # set by use_attention
         # static (hashable) RoPE table; the config itself is not stored (it is unhashable)
         self.inv_freq = tuple(rope_inv_freq(head_dim, cfg.rope_theta, cfg.rope_scaling).tolist())
         embed_init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), ("vocab", "embed"))
@@ -232,6 +253,10 @@ class Llama(nnx.Module):
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        if parent_ids is None and applies(self.attention, t, self.attention_block):  # no [T, T] mask
+            segments = jnp.ones((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+            args = (rope_tables(positions, np.asarray(self.inv_freq, np.float32), rows=t), segments)
+            return run_layers(self.layers, self.embed(tokens), args, self.remat, self.scan_layers)
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), dtype=bool)), (b, t, t))
         if segment_ids is not None:
             same = segment_ids[:, :, None] == segment_ids[:, None, :]

@@ -36,6 +36,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     init_std: float = 0.02
     remat: str = "none"  # per decoder layer in training: none | full (recompute all) | dots (keep matmul outputs)
+    # attention over whole sequences (stack.config.attention): core | splash (TPU) | xla | cudnn (GPU);
+    # null: by hardware.platform (core on CPU and GPU, splash on TPU)
+    attention: Optional[str] = None
+    attention_block: Optional[int] = None  # splash's query/key block; null: the largest of 512/256/128 dividing T
     scan_layers: bool = False  # the layers as one jax.lax.scan: compiled once, gathered one at a time (deep models)
     init_from: Optional[str] = None  # hf:DIR (a local HF Llama) or a run's checkpoints dir
     path: Optional[str] = None  # model=hf: the local HF Llama dir whose config.json gives the architecture
