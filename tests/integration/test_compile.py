@@ -125,12 +125,24 @@ def test_70b_does_not_fit_v5e_2x2(capsys):
     assert code == 1 and "does not fit: 197.14 GiB > 16.00 GiB" in out, out
 
 
+LONG = ["data.seq_len=32768", "data.batch_size=4", "model.max_seq_len=32768"]
+
+
 @tpu_extra
 def test_activations_that_do_not_fit(capsys):
-    # the state is tiny, but [4, 32768, 32768] attention scores are not: XLA refuses to compile
-    code, out = compile_cfg(TINY_V5E + ["data.seq_len=32768", "data.batch_size=4", "model.max_seq_len=32768"], capsys)
+    # the state is tiny, but the core's [4, 32768, 32768] attention scores are not: XLA refuses to compile
+    code, out = compile_cfg(TINY_V5E + LONG + ["model.attention=core"], capsys)
     assert code == 1 and "does not fit:" in out and "ran out of HBM" in out, out
     assert gib(out, "does not fit:") > 16
+
+
+@tpu_extra
+def test_the_splash_kernel_fits_what_the_core_does_not(capsys):
+    """model.attention=null on TPU is the Pallas splash kernel: no [T, T] scores, so 4 x 32,768 tokens
+    of the tiny model compile to well under a GiB per chip."""
+    code, out = compile_cfg(TINY_V5E + LONG, capsys)
+    assert code == 0 and "fits:" in out, out
+    assert gib(out, "per device total:") < 1
 
 
 @pytest.mark.slow
