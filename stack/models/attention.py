@@ -24,9 +24,10 @@ import jax
 from flax.core.spmd import get_logical_axis_rules
 from jax.sharding import PartitionSpec
 
+from stack.config.attention import SPLASH_BLOCKS
+
 Array = jax.Array
 KERNELS = ("core", "splash", "xla", "cudnn")
-SPLASH_BLOCKS = (512, 256, 128)  # the largest dividing T is splash's query and key block
 
 
 def splash_block(t: int, block: int | None = None) -> int | None:
@@ -86,4 +87,4 @@ def _splash(q: Array, k: Array, v: Array, segments: Array, block: int, interpret
     return out.reshape(b, h, t, hd).transpose(0, 2, 1, 3)
 
 
-__all__ = ["KERNELS", "SPLASH_BLOCKS", "applies", "platform_attention", "splash_block"]
+__all__ = ["KERNELS", "applies", "platform_attention", "splash_block"]
