@@ -5,12 +5,14 @@
 
 1. examples/s of read + tokenize (+ pack) + batch over the shipped SFT sample, with the
    default background-thread prefetch, with 2 Grain worker processes, and packed (also from
-   its Parquet copy: 8 row groups read in shuffled order).
+   its Parquet copy: 8 row groups read in shuffled order). Long context: tokens/s of the same
+   over written long records (up to T bytes each) at T = 1,024, 8,192 and 32,768, unpacked and
+   packed; the per-token cost must not grow with T (row: tokens/s at 32,768 over 1,024).
 2. On the tiny SFT recipe, as the loop measures it: the fraction of step time the device may
    have waited for data (`perf/data_wait_fraction`: reads that ended after the device ran out
    of dispatched work; goal < 2 %), the fraction the host spent reading while the device ran
    (`perf/data_read_fraction`), and the step time over that of the same loop fed one fixed
-   batch (the control).
+   batch (the control). Also at 8,192 tokens a row (packed long records, 1 row a step).
 
 On a CPU "device" the tokenizer and XLA share the cores: reading (and packing, in Grain's
 Python packer) takes cycles from the step, which the control ratio shows and an accelerator
@@ -18,6 +20,9 @@ host, whose cores are free, would not pay.
 """
 
 import argparse
+import json
+import os
+import random
 import tempfile
 import time
 from dataclasses import replace
@@ -53,6 +58,29 @@ def examples_per_second(overrides: list[str], batches: int = 300) -> float:
     return records / seconds
 
 
+def long_records(t: int, n: int = 64) -> str:
+    """A JSONL file of `n` prompt/completion records of T/4 + up to T bytes (letters and spaces)."""
+    rnd, path = random.Random(t), os.path.join(tempfile.mkdtemp(), f"long{t}.jsonl")
+    text = lambda k: "".join(rnd.choice("abcdefgh ") for _ in range(k))  # noqa: E731
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"prompt": text(t // 4), "completion": text(rnd.randint(t // 4, t))}) + "\n")
+    return path
+
+
+def long_tokens_per_second(t: int, packing: bool, seconds: float = 3.0) -> float:
+    """Tokens/s (row slots) of read + tokenize (+ pack) + batch over long records at seq_len T."""
+    path = long_records(t)
+    cfg = config([f"data.path={path}", f"data.eval_path={path}", f"data.seq_len={t}", f"data.packing={packing}",
+                  "data.batch_size=2", "data.prefetch=0"])
+    it = iter(Batches(cfg.data, ByteTokenizer(), "train", 0, 2))
+    next(it)  # start-up
+    tokens, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        tokens += next(it)["inputs"].size
+    return tokens / (time.perf_counter() - start)
+
+
 def data_wait(overrides: list[str], steps: int, fixed: bool = False) -> tuple[float, float, float]:
     """Mean perf/data_wait_fraction and perf/data_read_fraction, and the median step time of
     the tiny recipe (after compile).
@@ -82,6 +110,21 @@ def main() -> None:
                              ("Parquet, packed", ["data=parquet_sft", "data.packing=true"]),
                              ("packed, 2 workers", ["data.packing=true", "data.workers=2"])]:
         print(f"tokenize+batch {label:26s} {examples_per_second(overrides):10,.0f} examples/s")
+    speeds = {}
+    for t in (1024, 8192, 32768):
+        for packing in (False, True):
+            speeds[t, packing] = long_tokens_per_second(t, packing)
+            label = f"T={t:,d}{', packed' if packing else ''}"
+            print(f"long records, {label:16s} {speeds[t, packing] / 1e6:7.2f} M tokens/s")
+    for packing in (False, True):
+        emit(f"tokens/s at T=32,768 / at T=1,024{' (packed)' if packing else ''}",
+             speeds[32768, packing] / speeds[1024, packing], ">= 0.9")
+    long = long_records(8192)
+    wait, read, step = data_wait([f"data.path={long}", f"data.eval_path={long}", "data.seq_len=8192",
+                                  "data.packing=true", "data.batch_size=1"], 12)
+    print(f"tiny recipe at 8,192 tokens, packed: the device waits for data {wait:6.2%} of step time, the host "
+          f"reads {read:6.2%} of it; step {step * 1e3:.0f} ms")
+    emit("data wait / step time (tiny recipe, 8,192 tokens packed)", wait, "< 0.02")
     *_, fixed_step = data_wait([], steps, fixed=True)
     workers = [] if args.quick else [("tiny recipe, 2 workers", ["data.workers=2"])]
     for label, overrides in [("tiny recipe", []), ("tiny recipe, packed", ["data.packing=true"]), *workers]:

@@ -36,6 +36,7 @@
 - Eval: greedy completions of the eval prompts, scored the same way (`eval/reward`).
 """
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -171,6 +172,8 @@ class GRPO:
         return scored_rewards(self.rewards, xp, scores)[1]
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
+        """Prompt + completion tokens; of a prompt batch, the sequences collect samples from it."""
         if "completion" in batch:
             return int(batch["prompt_ids"].size + batch["completion"].size)
-        return int(batch["prompt_ids"].size * self.group)
+        *rows, prompt = batch["prompt_ids"].shape
+        return int(math.prod(rows) * self.group * (prompt + self.sampling.max_new_tokens))

@@ -34,6 +34,7 @@
   Eval: greedy completions, `eval/reward`.
 """
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -201,4 +202,8 @@ class PPO:
         return self.scores_of(xp, scores)[1]
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
-        return int(batch["prompt_ids"].size + batch.get("completion", batch["prompt_ids"][..., :0]).size)
+        """Prompt + completion tokens; of a prompt batch, the sequences collect samples from it."""
+        if "completion" in batch:
+            return int(batch["prompt_ids"].size + batch["completion"].size)
+        *rows, prompt = batch["prompt_ids"].shape
+        return int(math.prod(rows) * (prompt + self.sampling.max_new_tokens))

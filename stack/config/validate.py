@@ -6,7 +6,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from stack.config.attention import check_attention
+from stack.config.attention import check_attention, check_context
 from stack.config.hf_config import hf_config_to_model, read_config
 from stack.config.quantization import check_config, check_training
 from stack.config.schema import CONFIG_MODULE, GROUPS
@@ -54,7 +54,7 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"'{key}' must be a positive integer, got {value!r}.")
     m = cfg.model
     _check_model(m, cfg.data.seq_len)
-    check_attention(m, cfg.hardware.platform, cfg.data.seq_len)
+    check_attention(m, cfg.hardware.platform, cfg.data.seq_len, check_context(cfg.mesh, cfg.data.seq_len))
     if m.scan_layers and cfg.quantization.method != "none":
         raise ConfigError(
             f"model.scan_layers=true cannot run with quantization.method={cfg.quantization.method!r}: Qwix "

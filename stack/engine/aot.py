@@ -28,7 +28,7 @@ from stack.engine.step import Parts, Programs, TrainState, abstract_frozen, init
 from stack.errors import ConfigError
 from stack.hardware.gpu_target import gpu_devices
 from stack.hardware.mesh import batch_sharding, bytes_per_device
-from stack.hardware.platform import check_platform, train_flops_per_token
+from stack.hardware.platform import check_platform, train_flops_per_token, trained_length
 from stack.quant.footprint import footprint
 
 if TYPE_CHECKING:  # experiment -> precompile -> aot: the type only
@@ -200,13 +200,17 @@ def _print_flops(exp: Experiment, update: CompileReport, collect: CompileReport,
     cfg, hw = exp.cfg, exp.cfg.hardware
     steps = exp.algorithm.schedule.epochs * exp.algorithm.schedule.minibatches
     tokens = exp.algorithm.batch_tokens(exp.eval_batches[0]) * cfg.trainer.grad_accum
-    model_flops = train_flops_per_token(cfg.model, cfg.data.seq_len) * tokens / n
+    model_flops = exp.flops_per_token * tokens / n
     line = f"FLOPs per device per step: {update.flops:.3e} (XLA), {model_flops:.3e} (model formula)"
     if not update.flops:
         line += " (XLA:GPU has no cost analysis without the device: the prediction takes the model formula)"
     elif cfg.model.scan_layers:  # XLA's cost analysis counts a while loop's body once
         line += (" (XLA counts the scanned layers once: the update's prediction takes the model formula, "
                  "collect's is low)")
+    else:  # 1.0: no recompute; XLA counts the core's and xla's full [T, T] square, the formula its causal half
+        square = train_flops_per_token(cfg.model, trained_length(cfg), causal=False) * tokens / n
+        line += (f" = {update.flops / model_flops:.3f}x the formula ({update.flops / square:.3f}x with attention's "
+                 "full [T, T] square, which XLA counts of the core and xla kernels)")
     if collect.flops:
         line += f"; collect: {collect.flops:.3e} per round of {steps} step(s)"
     if hw.peak_flops_per_chip:

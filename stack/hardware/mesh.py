@@ -37,7 +37,7 @@ def make_mesh(cfg: Any, devices: Sequence[jax.Device]) -> Mesh:
 
 def mesh_sizes(cfg: Any, n: int) -> list[int]:
     """The config's axis sizes for `n` devices, -1 filled; ConfigError when they do not fit."""
-    names, sizes = list(MESH_AXES), [cfg[a] for a in MESH_AXES]
+    names, sizes = list(MESH_AXES), [1 if cfg.get(a) is None else cfg[a] for a in MESH_AXES]  # null: 1
     axes = dict(zip(names, sizes, strict=True))
     known = math.prod(s for s in sizes if s != -1)
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
@@ -68,7 +68,7 @@ def spanning_sizes(cfg: Any, sizes: list[int], n: int) -> list[int]:
             f"but this run has {jax.process_count()} processes and each must hold part of the mesh; "
             "use mesh=auto, mesh=dp or mesh=fsdp, or sizes that multiply to the device count."
         )
-    return [n, 1, 1]
+    return [n] + [1] * (len(MESH_AXES) - 1)
 
 
 def logical_rules(cfg: Any) -> tuple[tuple[str, Any], ...]:

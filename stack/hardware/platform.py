@@ -27,7 +27,13 @@ def matmul_params(model_cfg: Any) -> int:
     return m.n_layers * (attn + mlp) + m.vocab_size * m.d_model
 
 
-def train_flops_per_token(model_cfg: Any, seq_len: int) -> float:
+def trained_length(cfg: Any) -> int:
+    """Tokens of a trained sequence: data.seq_len, + the completion's algorithm.max_new_tokens where
+    the algorithm samples them after the prompt (GRPO, PPO)."""
+    return cfg.data.seq_len + (cfg.algorithm.get("max_new_tokens") or 0)
+
+
+def train_flops_per_token(model_cfg: Any, seq_len: int, causal: bool = True) -> float:
     """Training FLOPs (forward + backward) per token, as MaxText counts them.
 
     Follows the dense branch of `calculate_tflops_training_per_device` in MaxText
@@ -39,10 +45,11 @@ def train_flops_per_token(model_cfg: Any, seq_len: int) -> float:
       i.e. 6 × matmul_params(model_cfg);
       attention = 3 × L × causal, causal = noncausal / 2 = 4·S·H·D / 2 per token,
       i.e. 6·L·H·D·S: MaxText halves the attention term for the causal mask.
+    `causal=False`: the full [T, T] square (12·L·H·D·S), what a kernel that skips no block computes.
     """
     m = model_cfg
     hd = m.head_dim or m.d_model // m.n_heads
-    attention = 3 * m.n_layers * (4 * seq_len * m.n_heads * hd) / 2
+    attention = 3 * m.n_layers * (4 * seq_len * m.n_heads * hd) / (2 if causal else 1)
     return float(6 * matmul_params(m) + attention)
 
 

@@ -7,8 +7,9 @@ tokens of its own segment id; left padding is segment 0).
 - `splash`: the Pallas TPU splash kernel (jax.experimental.pallas.ops.tpu.splash_attention): blocks
   of queries and keys in VMEM, no [T, T] array, causal blocks skipped; segment ids for packing; GQA
   as one MQA kernel per kv head. Under a mesh it runs per shard (`shard_map`: rows over the `batch`
-  rule's axes, heads over the `heads` / `kv_heads` rules'). `interpret`: Pallas interpret mode, for
-  numerical tests on CPU.
+  rule's axes, heads over the `heads` / `kv_heads` rules', queries over the `length` rule's under
+  mesh=context, keys and values gathered). `interpret`: Pallas interpret mode, for numerical tests
+  on CPU.
 - `xla`, `cudnn`: `jax.nn.dot_product_attention` with that implementation (cuDNN: fp16/bf16, head
   size a multiple of 8 up to 128, or 256 on Hopper).
 
@@ -18,11 +19,12 @@ Decode with a KV cache (generation) never comes here: it attends over cache slot
 
 from __future__ import annotations
 
-import functools
+import math
+from typing import Any
 
 import jax
 from flax.core.spmd import get_logical_axis_rules
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from stack.config.attention import SPLASH_BLOCKS
 
@@ -37,53 +39,78 @@ def splash_block(t: int, block: int | None = None) -> int | None:
 
 
 def applies(kernel: str, t: int, block: int | None = None) -> bool:
-    """Whether `kernel` computes attention over T tokens (else the model uses the core)."""
-    return kernel != "core" and (kernel != "splash" or splash_block(t, block) is not None)
+    """Whether `kernel` computes attention over T tokens (else the model uses the core); splash
+    blocks each context shard's T / mesh.context queries."""
+    return kernel != "core" and (kernel != "splash" or splash_block(t // context_shards(), block) is not None)
+
+
+def context_shards() -> int:
+    """Devices each sequence is split over: those of the `length` rule's mesh axes (mesh=context)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else math.prod(mesh.shape[a] for a in _names(dict(get_logical_axis_rules()).get("length")))
 
 
 def platform_attention(kernel: str, q: Array, k: Array, v: Array, segments: Array, block: int | None = None,
                        interpret: bool = False) -> Array:
     """q [B, T, H, hd] (RoPE applied), k and v [B, T, KV, hd], segments int [B, T] -> [B, T, H, hd]."""
     if kernel == "splash":
-        return _sharded_splash(q, k, v, segments, splash_block(q.shape[1], block), interpret)
+        return _sharded_splash(q, k, v, segments, block, interpret)
     same = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, T, S]
     return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, implementation=kernel)
 
 
-def _sharded_splash(q: Array, k: Array, v: Array, segments: Array, block: int, interpret: bool) -> Array:
-    """The splash kernel per shard of the context mesh (rows and heads split as the rules say)."""
-    run = functools.partial(_splash, block=block, interpret=interpret)
-    mesh = jax.sharding.get_abstract_mesh()
+def _sharded_splash(q: Array, k: Array, v: Array, segments: Array, block: int | None, interpret: bool) -> Array:
+    """The splash kernel per shard of the context mesh: rows and heads split as the rules say; under
+    mesh=context each shard's queries (the `length` rule's axes) attend to all keys and values,
+    which shard_map gathers (and whose gradients it reduce-scatters), the kernel's causal mask
+    split along queries with them (its `q_seq_shards`, as in MaxText's context parallelism)."""
+    mesh, shards = jax.sharding.get_abstract_mesh(), context_shards()
+    rules = {} if mesh.empty else dict(get_logical_axis_rules())
+    rows, heads, kv_heads, length = (rules.get(n) for n in ("batch", "heads", "kv_heads", "length"))
+    t, group = q.shape[1], q.shape[2] // k.shape[2]
+    kernel = _kernel(t, group, splash_block(t // shards, block), shards, interpret)
     if mesh.empty:
-        return run(q, k, v, segments)
-    rules = dict(get_logical_axis_rules())
-    rows, heads, kv_heads = rules.get("batch"), rules.get("heads"), rules.get("kv_heads")
-    specs = (PartitionSpec(rows, None, heads, None), PartitionSpec(rows, None, kv_heads, None),
-             PartitionSpec(rows, None, kv_heads, None), PartitionSpec(rows, None))
-    return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=specs[0], check_vma=False)(q, k, v, segments)
+        return _splash(kernel, q, k, v, segments, segments)
+    kv_spec = PartitionSpec(rows, None, kv_heads, None)
+    specs = (kernel.manual_sharding_spec(NamedSharding(mesh, PartitionSpec(None, length))),
+             PartitionSpec(rows, length, heads, None), kv_spec, kv_spec, PartitionSpec(rows, length),
+             PartitionSpec(rows, None))
+    return jax.shard_map(_splash, mesh=mesh, in_specs=specs, out_specs=specs[1], check_vma=False)(
+        kernel, q, k, v, segments, segments)
 
 
-def _splash(q: Array, k: Array, v: Array, segments: Array, block: int, interpret: bool) -> Array:
-    """One MQA splash kernel per kv head over its group of query heads, vmapped over kv heads and rows."""
+def _names(axes: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _kernel(t: int, group: int, block: int, shards: int, interpret: bool) -> Any:
+    """splash's MQA kernel over `group` query heads of T tokens, causal, queries in `shards` parts."""
     # Pallas's TPU kernels (~0.15 s to import): off every run that does not use them (CPU's included)
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
-    b, t, h, hd = q.shape
-    kv = k.shape[2]
     sizes = dict.fromkeys(("block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv",
                            "block_kv_dkv_compute", "block_q_dq", "block_kv_dq"), block)
-    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t, t))] * (h // kv))
-    kernel = splash_kernel.make_splash_mqa(mask, block_sizes=splash_kernel.BlockSizes(**sizes), head_shards=1,
-                                           q_seq_shards=1, interpret=interpret)
-    scaled = (q * (hd ** -0.5)).astype(q.dtype)  # the kernel does not scale the scores
-    groups = scaled.transpose(0, 2, 1, 3).reshape(b, kv, h // kv, t, hd)  # [B, KV, G, T, hd]
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t, t))] * group)
+    return splash_kernel.make_splash_mqa(mask, block_sizes=splash_kernel.BlockSizes(**sizes), head_shards=1,
+                                         q_seq_shards=shards, interpret=interpret)
 
-    def row(qr: Array, kr: Array, vr: Array, sr: Array) -> Array:  # one row: [KV, G, T, hd], [KV, T, hd]
-        ids = splash_kernel.SegmentIds(q=sr, kv=sr)
+
+def _splash(kernel: Any, q: Array, k: Array, v: Array, q_segments: Array, kv_segments: Array) -> Array:
+    """The MQA kernel per kv head over its group of query heads, vmapped over kv heads and rows:
+    q [B, Tq, H, hd], k and v [B, T, KV, hd], segment ids [B, Tq] and [B, T] -> [B, Tq, H, hd]."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel  # as above
+
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    scaled = (q * (hd ** -0.5)).astype(q.dtype)  # the kernel does not scale the scores
+    groups = scaled.transpose(0, 2, 1, 3).reshape(b, kv, h // kv, t, hd)  # [B, KV, G, Tq, hd]
+
+    def row(qr: Array, kr: Array, vr: Array, qs: Array, ks: Array) -> Array:  # [KV, G, Tq, hd], [KV, T, hd]
+        ids = splash_kernel.SegmentIds(q=qs, kv=ks)
         return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(qr, kr, vr)
 
-    out = jax.vmap(row)(groups, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), segments)
+    out = jax.vmap(row)(groups, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), q_segments, kv_segments)
     return out.reshape(b, h, t, hd).transpose(0, 2, 1, 3)
 
 

@@ -31,6 +31,7 @@ def run_layers(layers: Sequence[nnx.Module], x: Array, args: tuple, remat: str, 
     call: Callable[..., Array] = lambda layer, x: layer(x, *args)  # noqa: E731
     if remat != "none":
         call = nnx.remat(call, policy=REMAT_POLICIES[remat])
+    x = _rows_sharded(x)
     for layer in layers:
         x = call(layer, x)
     return x
@@ -49,11 +50,13 @@ def _scanned(layers: Sequence[nnx.Module], x: Array, args: tuple, remat: str) ->
 
 
 def _rows_sharded(x: Array) -> Array:
-    """x [B, ...] with its rows over the `batch` rule's mesh axes. Left to XLA's propagation, the
-    scan's carry nearly tripled Llama 3 70B's memory per chip."""
+    """x [B, T, ...] with its rows over the `batch` rule's mesh axes and its tokens over the `length`
+    rule's (mesh=context). Left to XLA's propagation, the scan's carry nearly tripled Llama 3 70B's
+    memory per chip."""
     if jax.sharding.get_abstract_mesh().empty:
         return x
-    return jax.lax.with_sharding_constraint(x, PartitionSpec(dict(get_logical_axis_rules()).get("batch")))
+    rules = dict(get_logical_axis_rules())
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(rules.get("batch"), rules.get("length")))
 
 
 def _split(layers: Sequence[nnx.Module]) -> tuple:

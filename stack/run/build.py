@@ -25,7 +25,7 @@ from stack.engine.precompile import start as start_precompile
 from stack.errors import ConfigError
 from stack.hardware.host_fit import available_bytes, check_host_memory
 from stack.hardware.mesh import check_layout, logical_rules, make_mesh
-from stack.hardware.platform import check_platform, train_flops_per_token
+from stack.hardware.platform import check_platform, train_flops_per_token, trained_length
 from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
 from stack.models.init import abstract_model
 from stack.optim.chain import make_optimizer
@@ -108,7 +108,7 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
     if not abstract and cfg.hardware.platform == "cpu" and jax.process_count() == 1:  # all of the state is here
         check_host_memory(cfg.model.name, nnx.state(shapes, nnx.Param), tx, quant.trainable is nnx.Param,
                           available_bytes())
-    flops = train_flops_per_token(cfg.model, cfg.data.seq_len)
+    flops = train_flops_per_token(cfg.model, trained_length(cfg))
     if abstract:
         model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,

@@ -75,6 +75,23 @@ def test_cpu_target_compiles_without_libtpu(capsys):
         assert words in out, out
 
 
+WIDE = ["hardware=cpu", "mode=compile", "model.d_model=1024", "model.n_heads=8", "model.n_kv_heads=2",
+        "model.head_dim=128", "model.d_ff=4096", "model.n_layers=2", "model.vocab_size=32000", "data.seq_len=2048",
+        "model.max_seq_len=2048", "data.batch_size=1", "model.attention=xla"]
+
+
+def test_the_train_step_computes_no_more_than_the_model_formula_without_remat(capsys):
+    """XLA's FLOPs of the unrolled train step over the model formula (6N + causal attention, MaxText's
+    count): within 1.15 without remat (the rest: the kernel's full [T, T] square and the elementwise
+    work); model.remat=full recomputes each layer's forward, which shows."""
+    ratios = {}
+    for remat in ("none", "full"):
+        code, out = compile_cfg([*WIDE, f"model.remat={remat}"], capsys)
+        assert code == 0, out
+        ratios[remat] = float(re.search(r"= ([\d.]+)x the formula", out).group(1))
+    assert 1.0 < ratios["none"] <= 1.15 < ratios["full"], ratios
+
+
 @tpu_extra
 def test_tiny_on_v5e_2x2_fits(capsys):
     code, out = compile_cfg(TINY_V5E, capsys)

@@ -199,3 +199,23 @@ def test_the_splash_kernel_under_meshes_matches_the_core_on_one_device():
     assert len(core) == 5 and core[-1] < core[0]
     for run in SPLASH[1:]:
         assert losses[run] == pytest.approx(core, abs=1e-5), run
+
+
+CONTEXT = ["mesh=single", "mesh=context mesh.context=4",
+           "mesh=context mesh.context=2 mesh.tensor=2 model.attention=splash"]
+
+
+def test_context_parallel_runs_match_one_device():
+    """mesh=context: each packed 256-token row split over 4 devices (the core, XLA's partitioner
+    gathering keys and values) or 2 (splash per query shard, heads over tensor); the losses of 5
+    steps within 1e-5 of one device's, and params sharded over fsdp x context."""
+    runs = [f"{m} data.seq_len=256 data.packing=true" for m in CONTEXT]
+    out = subprocess.run([sys.executable, "-m", "tests.integration.mesh_worker", *runs], cwd=REPO,
+                         env=fake_devices(8), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    one = result["losses"][runs[0]]
+    assert len(one) == 5 and one[-1] < one[0]
+    for run in runs[1:]:
+        assert result["losses"][run] == pytest.approx(one, abs=1e-5), run
+    assert result["shards"][runs[1]]["layers/0/attn/q_proj/kernel"]["shards"] == [[8, 64]]  # embed over 2 x 4

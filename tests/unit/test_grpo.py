@@ -253,3 +253,12 @@ def test_the_first_iteration_ratio_is_one_and_the_sampler_agrees_with_the_traine
     assert first["train/clip_ratio/region_mean"] == 0.0 and abs(first["train/kl"]) < 1e-6
     assert 0 <= summary.eval_at_start["eval/reward"] <= 1 and "eval/rewards/accuracy/mean" in summary.eval
     assert first["train/completions/mean_length"] > 0 and "train/frac_reward_zero_std" in first
+
+
+def test_tokens_of_a_prompt_batch_count_the_sequences_collect_samples():
+    """Throughput and mode=compile's model-formula FLOPs: 8 prompts of 1,024 x 4 completions of up to
+    2,048 tokens are 32 sequences of 3,072 (they counted the prompts alone, 3x too few)."""
+    prompts = {"prompt_ids": np.zeros((1, 8, 1024), np.int32)}
+    assert GRPO(num_generations=4, max_new_tokens=2048).batch_tokens(prompts) == 32 * 3072
+    sampled = {"prompt_ids": np.zeros((1, 32, 1024), np.int32), "completion": np.zeros((1, 32, 2048), np.int32)}
+    assert GRPO(num_generations=4, max_new_tokens=2048).batch_tokens(sampled) == 32 * 3072

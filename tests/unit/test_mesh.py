@@ -9,9 +9,9 @@ from tests.helpers import make_cfg
 
 
 def test_auto_spans_every_process_as_data_parallel():
-    assert spanning_sizes(make_cfg().mesh, [1, 1, 1], 8) == [8, 1, 1]
+    assert spanning_sizes(make_cfg().mesh, [1, 1, 1, 1], 8) == [8, 1, 1, 1]
 
 
 def test_a_named_one_device_mesh_is_refused_with_the_way_out():
     with pytest.raises(ConfigError, match=r"mesh=single .* uses 1 of the 8 devices.*mesh=auto, mesh=dp"):
-        spanning_sizes(make_cfg(["mesh=single"]).mesh, [1, 1, 1], 8)
+        spanning_sizes(make_cfg(["mesh=single"]).mesh, [1, 1, 1, 1], 8)

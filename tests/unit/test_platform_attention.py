@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stack.config.attention import RUNS_ON, attention_kernel, check_attention
+from stack.config.attention import RUNS_ON, attention_kernel, check_attention, check_context
 from stack.errors import ConfigError
 from stack.models.attention import KERNELS, applies, platform_attention, splash_block
 from stack.models.attention_core import causal_attention
@@ -76,21 +76,43 @@ def test_splash_blocks_divide_the_sequence_or_leave_it_to_the_core():
 
 def test_auto_picks_by_platform_and_an_explicit_choice_wins():
     cfg = make_cfg([])
-    assert [attention_kernel(cfg.model, p) for p in ("cpu", "tpu", "gpu")] == ["core", "splash", "core"]
+    assert [attention_kernel(cfg.model, p) for p in ("cpu", "tpu")] == ["core", "splash"]
     assert attention_kernel(make_cfg(["model.attention=xla"]).model, "tpu") == "xla"
+    gpu = ["hardware=gpu_h100", "model.head_dim=16"]  # bfloat16
+    assert attention_kernel(make_cfg(gpu).model, "gpu") == "cudnn"
+    assert attention_kernel(make_cfg([*gpu, "model.dtype=float32"]).model, "gpu") == "xla"  # cuDNN: bf16/fp16
+    assert attention_kernel(make_cfg([*gpu, "model.head_dim=12"]).model, "gpu") == "xla"
     assert sorted(RUNS_ON) == sorted(KERNELS)
 
 
 @pytest.mark.parametrize("overrides, platform, words", [
     (["model.attention=splash"], "gpu", "does not run on hardware.platform='gpu'"),
     (["model.attention=cudnn"], "tpu", "it runs on gpu"),
+    (["model.attention=cudnn", "model.dtype=float32"], "gpu", "cannot run model.dtype='float32'"),
     (["model.attention=flash"], "tpu", "Unknown value 'flash' for 'model.attention'"),
     (["model.attention_block=100"], "tpu", "multiple of 128"),
-    (["model.attention=splash", "data.seq_len=200"], "tpu", "does not divide data.seq_len=200")])
+    (["model.attention=splash", "data.seq_len=200"], "tpu", "does not divide data.seq_len=200"),
+    (["model.attention=splash", "data.seq_len=256", "mesh=context", "mesh.context=4"], "tpu",
+     "does not divide data.seq_len=256 / mesh.context=4")])
 def test_a_kernel_that_cannot_run_is_refused_naming_the_key(overrides, platform, words):
     cfg = make_cfg(overrides)
     with pytest.raises(ConfigError, match=words.replace("(", "\\(")):
-        check_attention(cfg.model, platform, cfg.data.seq_len)
+        check_attention(cfg.model, platform, cfg.data.seq_len, check_context(cfg.mesh, cfg.data.seq_len))
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["mesh=fsdp", "mesh.context=2"], "'mesh.context'=2 .* mesh.rules.length \\(now None\\).* use mesh=context"),
+    (["mesh=context", "mesh.context=3", "data.seq_len=128"], "'mesh.context'=3 does not divide data.seq_len=128")])
+def test_a_context_axis_that_cannot_split_the_sequence_is_refused(overrides, words):
+    cfg = make_cfg(overrides)
+    with pytest.raises(ConfigError, match=words):
+        check_context(cfg.mesh, cfg.data.seq_len)
+
+
+def test_the_context_option_splits_tokens_and_params_over_the_context_axis():
+    cfg = make_cfg(["mesh=context", "mesh.context=4", "data.seq_len=256"])
+    assert check_context(cfg.mesh, cfg.data.seq_len) == 4 and check_context(make_cfg([]).mesh, 128) == 1
+    assert cfg.mesh.rules.length == "context" and list(cfg.mesh.rules.embed) == ["fsdp", "context"]
 
 
 @pytest.mark.parametrize("kernel", ["splash", "xla"])

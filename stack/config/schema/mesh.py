@@ -1,9 +1,9 @@
 """Schema of the `mesh` group: named device-mesh axes and logical-axis rules."""
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 DEFAULT_RULES = {
     "batch": ["data", "fsdp"],  # activations and data: split over data and fsdp
@@ -24,6 +24,10 @@ class MeshConfig:
     # Mesh axis sizes, in mesh order (MESH_AXES); one may be -1: fill the remaining devices.
     data: int = 1
     fsdp: int = 1
+    # Context parallelism: each sequence split over this many devices (mesh=context sets the rules
+    # that use it). Null: 1, not split (null, not 1, so that runs and expectations from before the key
+    # compare equal: stack.checkpoint.manager.config_diff).
+    context: Optional[int] = None
     tensor: int = 1
     # Logical axis name -> mesh axis (a name, a list of names, or null = replicated).
     # The default table serves every mesh option; an option or override changes entries.
