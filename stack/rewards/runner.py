@@ -7,7 +7,8 @@ and TRL's `(completions, **kwargs)` take it.
 One spawned worker per function scores a batch; a function that raises, returns the wrong
 number of values, does not answer within `timeout` seconds, or kills its worker process (a
 crash in native code, `os._exit`) gives NaN for those samples (the worker is replaced, so the
-run never hangs). A sample whose function returned None also gets NaN: never a silent 0. A
+run never hangs). A sample whose function returned None (TRL: not applicable to it) gets NaN, never
+a silent 0; anything else that is not a finite number (a string, inf) gets NaN and one warning. A
 worker that dies before it starts (a spawned process imports the main module first: a script
 without the `if __name__ == "__main__":` guard runs itself again there) raises RunFailed.
 """
@@ -105,7 +106,24 @@ class RewardRunner:
             return self._failed(name, values, n)
         if len(values) != n:
             return self._failed(name, f"returned {len(values)} values for {n} completions", n)
-        return np.array([np.nan if v is None else float(v) for v in values], np.float32)
+        return self._numbers(name, values)
+
+    def _numbers(self, name: str, values: list[Any]) -> np.ndarray:
+        """The finite numbers among `values`; NaN for None (TRL: not applicable to that sample) and,
+        warned once, for anything else that is not a finite number (a string, inf, ...)."""
+        out = np.full(len(values), np.nan, np.float32)
+        bad = []
+        for j, v in enumerate(values):
+            number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            if number and np.isfinite(v):
+                out[j] = v
+            elif v is not None:
+                bad.append(v)
+        if bad:
+            kinds = sorted({type(v).__name__ if not isinstance(v, float) else repr(v) for v in bad})
+            self._failed(name, f"{len(bad)} of {len(values)} values are not finite numbers: {', '.join(kinds)}",
+                         len(values))
+        return out
 
     def _failed(self, name: str, why: str, n: int) -> np.ndarray:
         if name not in self._warned:  # once per function: counted in reward/errors every time

@@ -18,17 +18,25 @@ import sys
 import numpy as np
 
 from stack.errors import ConfigError
+from stack.tools.outdir import check_out, fresh_dir
 
 SCORE = ("score", "kernel")  # a reward model's head [d_model, 1] in its checkpoint (algorithm=rm)
 VALUE = ("value", "head", "kernel")  # PPO's value head, written beside the policy as value_head.safetensors
 
 
 def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "float32",
-           merge_adapters: bool = False) -> int:
+           merge_adapters: bool = False, overwrite: bool = False) -> int:
     """Write the policy of `checkpoints` (newest step, or `step`) to `out` (a reward model with its
     score head, a PPO value head beside it); return the step. A LoRA/QLoRA run needs `merge_adapters`: its
     checkpoint holds adapters only, exported as W + (alpha / rank) A B (stack.quant.merge); a PTQ
-    checkpoint (python -m stack.tools.quantize) exports its dequantized weights."""
+    checkpoint (python -m stack.tools.quantize) exports its dequantized weights. A non-empty `out` is
+    replaced only with `overwrite`, and only once the export is complete (stack.tools.outdir)."""
+    check_out(out, overwrite)  # before minutes of reading
+    with fresh_dir(out, overwrite) as tmp:
+        return _write(checkpoints, tmp, step, dtype, merge_adapters)
+
+
+def _write(checkpoints: str, out: str, step: int | None, dtype: str, merge_adapters: bool) -> int:
     from stack.checkpoint.policy import float_policy
     from stack.checkpoint.saved_params import read_params
     from stack.models.hf import export_hf  # after argparse: --help and argument errors answer without jax
@@ -79,9 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ex.add_argument("--merge-adapters", action="store_true",
                     help="a LoRA/QLoRA run: write the base weights with the adapters merged in")
+    ex.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (once the export is done)")
     args = parser.parse_args(argv)
     try:
-        step = export(args.checkpoints, args.out, args.step, args.dtype, args.merge_adapters)
+        step = export(args.checkpoints, args.out, args.step, args.dtype, args.merge_adapters, args.overwrite)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

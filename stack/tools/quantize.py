@@ -27,6 +27,7 @@ from stack.config.compose_errors import friendly_error
 from stack.config.quantization import check_config, is_post_training
 from stack.config.schema import CONFIG_MODULE
 from stack.errors import ConfigError, DataError
+from stack.tools.outdir import check_out, fresh_dir
 
 PTQ_OPTIONS = "w8_ptq, w8a8_ptq, w4_ptq, nf4_ptq"
 MEASURED_KINDS = ("text", "sft", "preference")  # data kinds with target tokens to compare on
@@ -72,12 +73,14 @@ def _batches(cfg: DictConfig, split: str, n: int) -> list[dict[str, Any]]:
     return batches
 
 
-def quantize_run(checkpoints: str, overrides: list[str], out: str, step: int | None = None) -> dict[str, Any]:
-    """Quantize the policy of `checkpoints`, write DIR/checkpoints, config.yaml, ptq_report.json; the report."""
+def quantize_run(checkpoints: str, overrides: list[str], out: str, step: int | None = None,
+                 overwrite: bool = False) -> dict[str, Any]:
+    """Quantize the policy of `checkpoints`, write DIR/checkpoints, config.yaml, ptq_report.json (a
+    non-empty DIR replaced only with `overwrite`, once complete: stack.tools.outdir); the report."""
     from stack.checkpoint.policy import load_policy  # after argparse: --help and argument errors answer without jax
     from stack.quant import ptq
 
-    _check_out(out)
+    check_out(out, overwrite)
     model, run, saved = load_policy(checkpoints, step)
     if saved.quantized:
         raise ConfigError(f"{checkpoints!r} is already post-training quantized; quantize the float run's checkpoints.")
@@ -92,14 +95,9 @@ def quantize_run(checkpoints: str, overrides: list[str], out: str, step: int | N
               **ptq.compare(model, quantized, _batches(cfg, "eval", cfg.trainer.eval_batches)),
               "weight_bytes_float": ptq.weight_bytes(model), "weight_bytes_quantized": ptq.weight_bytes(quantized),
               "activation_scales": ptq.activation_scales(quantized)}
-    write_checkpoint(out, cfg, quantized, saved.step, report)
+    with fresh_dir(out, overwrite) as tmp:
+        write_checkpoint(tmp, cfg, quantized, saved.step, report)
     return report
-
-
-def _check_out(out: str) -> None:
-    if os.path.exists(os.path.join(out, "checkpoints")):
-        raise ConfigError(f"--out {out!r} already holds a quantized checkpoint; pick a new directory (nothing "
-                          "was overwritten).")
 
 
 def write_checkpoint(out: str, cfg: DictConfig, model: Any, step: int, report: dict[str, Any]) -> None:
@@ -144,13 +142,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help=f"quantization=<{PTQ_OPTIONS}>, data=..., key=value")
     parser.add_argument("--out", required=True, help="new directory for the quantized checkpoint and the report")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (once the new one is done)")
     parser.add_argument("--calibration-batches", type=int, default=None,
                         help="= quantization.calibration_batches (activation scales; default 8)")
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"quantization.calibration_batches={args.calibration_batches}"]
                                   if args.calibration_batches is not None else [])
     try:
-        report = quantize_run(args.checkpoints, overrides, args.out, args.step)
+        report = quantize_run(args.checkpoints, overrides, args.out, args.step, args.overwrite)
     except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -32,6 +32,12 @@ def test_export_loads_in_transformers_and_imports_back(tmp_path):
     assert "exported step 10" in exported.stdout
     config = json.loads((out / "config.json").read_text())  # the byte tokenizer's specials (ByteTokenizer)
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "hf"]  # written beside, renamed: no partial dir left
+    weights = (out / "model.safetensors").stat().st_mtime_ns
+    again = subprocess.run([sys.executable, "-m", "stack.tools.hf", "export", str(a / "checkpoints"), "--out", str(out),
+                            "--dtype", "bfloat16"], capture_output=True, text=True)
+    assert again.returncode == 2 and "already exists and is not empty" in again.stderr and "--overwrite" in again.stderr
+    assert (out / "model.safetensors").stat().st_mtime_ns == weights and len(again.stderr.splitlines()) == 1
 
     cfg = make_cfg(RUN)
     ours = init_model(cfg.model, 1)

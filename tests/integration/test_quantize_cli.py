@@ -40,5 +40,10 @@ def test_quantize_a_run_report_and_generate_from_it(tmp_path):
 
     res = _module("stack.tools.quantize", [str(run / "checkpoints"), "quantization=w8_ptq", "--out", str(out)],
                   str(tmp_path))
-    assert res.returncode == 2 and "already holds a quantized checkpoint" in res.stderr
+    assert res.returncode == 2 and "already exists and is not empty" in res.stderr
     assert json.loads((out / "ptq_report.json").read_text()) == report  # the first run's output untouched
+    res = _module("stack.tools.quantize", [str(run / "checkpoints"), "quantization=w8_ptq", "trainer.eval_batches=2",
+                                     "--calibration-batches", "2", "--out", str(out), "--overwrite"], str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((out / "ptq_report.json").read_text())["quantization"] == "w8_ptq"
+    assert not [p for p in out.parent.iterdir() if ".partial-" in p.name or ".old-" in p.name]

@@ -3,6 +3,8 @@
 import os
 import time
 
+import numpy as np
+
 
 def constant(prompts, completions, **record):
     return [1.0] * len(completions)
@@ -23,6 +25,11 @@ def kills_its_process(prompts, completions, **record):
 
 def some_none(prompts, completions, answer=None, **record):
     return [None if a == "?" else 0.5 for a in answer]
+
+
+def not_numbers(prompts, completions, **record):
+    """A string, infinities and a numpy number: only the number is a reward."""
+    return (["0.5", float("inf"), -float("inf"), np.float32(0.25)] * len(completions))[:len(completions)]
 
 
 def wrong_length(prompts, completions, **record):

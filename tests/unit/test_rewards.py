@@ -42,6 +42,20 @@ def test_failures_and_timeouts_score_nan_and_the_run_goes_on():
         runner.close()
 
 
+def test_values_that_are_not_finite_numbers_score_nan_with_one_warning_naming_them():
+    """A string, inf and -inf are treated as a raise would be (the run goes on); a numpy number counts."""
+    runner = RewardRunner([("odd", reward_fns.not_numbers)], [1.0], timeout=30.0)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"'odd' failed \(3 of 4 values are not finite numbers: "
+                                                r"-inf, inf, str\)") as caught:
+            out = runner(["p"] * 4, ["c"] * 4, {"answer": ["1"] * 4})
+        assert len(caught) == 1
+        np.testing.assert_array_equal(np.isnan(out[:, 0]), [True, True, True, False])
+        assert out[3, 0] == 0.25
+    finally:
+        runner.close()
+
+
 def test_a_function_that_kills_its_worker_scores_nan_and_its_worker_is_replaced():
     runner = RewardRunner([("ok", reward_fns.constant), ("crash", reward_fns.kills_its_process)], [1.0, 1.0], 30.0)
     try:
