@@ -2,19 +2,10 @@
 loop (the loop installs its own handler: it saves first) ends the process at once with one line and
 exit code 130."""
 
-import os
 import signal
-import sys
 
 from stack.hardware.gc_freeze import frozen_imports
-
-
-def interrupted(signum: int, frame: object) -> None:
-    """Exit 130 from the handler itself: a KeyboardInterrupt raised while Python runs a gc callback
-    (jax has one) is swallowed as 'Exception ignored', and the run would go on."""
-    print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(130)
+from stack.launch.children import interrupted
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
 """User-facing errors: one paragraph that names the key, the bad value and what is allowed."""
 
 import difflib
+import re
+import warnings
 from collections.abc import Iterable
 
 
@@ -88,6 +90,26 @@ def short(value: object, limit: int = 80) -> str:
     """`value` as text, its middle cut out when longer than `limit` (errors echo user input)."""
     text = str(value)
     return text if len(text) <= limit else f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
+
+
+def paragraph(exc: BaseException) -> str:
+    """`error: ` and the message of a user-facing error, each word of more than 200 characters (an
+    echoed value: a 100 kB override, a path) cut in the middle as `short` cuts it."""
+    return "error: " + re.sub(r"\S{201,}", lambda m: short(m.group(), 160), str(exc))
+
+
+def one_line_warnings() -> None:
+    """Warnings that stack itself issues print as `warning: MESSAGE` (one line; before, Python's
+    format added the file:line and the source line that warned); others keep Python's format."""
+    default = warnings.formatwarning
+
+    def formatted(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  line: str | None = None) -> str:
+        if "/stack/" in filename.replace("\\", "/"):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted
 
 
 def did_you_mean(word: str, options: Iterable[str]) -> str:

@@ -2,6 +2,7 @@
 restores) instead of Orbax/TensorStore tracebacks. Orbax never commits a half-written step, so
 the previous one restores on the rerun. A checkpoint of an older layout: refused, one paragraph."""
 
+import logging
 import os
 import re
 import sys
@@ -54,6 +55,24 @@ def _os_error(exc: Exception) -> str:
         seen = seen.__cause__ or seen.__context__
     text = str(exc).strip()
     return short((text.splitlines() or [type(exc).__name__])[-1], 300)
+
+
+def quiet_failed_reads() -> None:
+    """After a read that failed: Orbax's other reads of the step die later, each reported with a
+    traceback at exit (an unraisable coroutine, or asyncio's 'Task exception was never
+    retrieved'); the one paragraph already says it, so those are dropped."""
+    sys.unraisablehook = aborted_write
+    logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
+
+
+def unreadable_step(path: str, step: int, steps: list[int], exc: Exception) -> ConfigError:
+    """A checkpoint step that cannot be read (damaged, truncated): which, why, and the other steps."""
+    why = short(" ".join(str(exc).strip().splitlines()[-1:] or [type(exc).__name__]), 240)
+    others = [s for s in steps if s != step]
+    where = (f"other steps there: {', '.join(map(str, others))} (--step N, or checkpoint.resume=DIR/N)" if others
+             else "no other step is there")
+    return ConfigError(f"Checkpoint step {step} of {path!r} cannot be read, its files are damaged or incomplete "
+                       f"({why}); {where}.")
 
 
 def check_format(meta: dict[str, Any], where: str, expected: int) -> None:

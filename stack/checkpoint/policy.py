@@ -12,9 +12,9 @@ import os
 from typing import Any
 
 from flax import nnx
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from stack.checkpoint.saved_params import assign_params, checkpoints_of, load_params, read_params
+from stack.checkpoint.saved_params import assign_params, checkpoints_of, load_params, read_params, read_run_config
 from stack.config.attention import attention_kernel
 from stack.errors import ConfigError
 from stack.models.hf import load_hf_weights
@@ -50,7 +50,7 @@ def run_config(checkpoints: str, key: str = "") -> DictConfig:
         raise ConfigError(f"{key}{checkpoints!r}: no run config.yaml beside it (expected the checkpoints dir of a "
                           "stack run, RUN/checkpoints, with RUN/config.yaml; for a reward model: of a "
                           "`python -m stack algorithm=rm ...` run).")
-    return OmegaConf.load(path)
+    return read_run_config(path)
 
 
 def load_policy(checkpoints: str, step: int | None = None) -> tuple[nnx.Module, DictConfig, Any]:

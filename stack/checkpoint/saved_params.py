@@ -11,10 +11,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from stack.checkpoint.errors import quiet_failed_reads, unreadable_step
 from stack.config.quantization import has_adapters, is_post_training
-from stack.errors import ConfigError
+from stack.errors import ConfigError, short
 
 ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "tie_embeddings")
 
@@ -29,6 +30,21 @@ class Saved(NamedTuple):
     model: dict[str, Any] | None = None  # the writing run's `model` config (None: not recorded)
 
 
+def read_run_config(path: str) -> DictConfig:
+    """A run's config.yaml; ConfigError in one paragraph when it is not one (unreadable, not YAML
+    OmegaConf loads: a python tag, a NUL byte, or not a mapping)."""
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as exc:  # yaml's ScannerError / ConstructorError, OSError, UnicodeDecodeError, ...
+        why = short(" ".join(str(exc).split()), 200)
+        raise ConfigError(f"{path!r} cannot be read as a run's config ({type(exc).__name__}: {why}); it is not the "
+                          "config.yaml a stack run writes: restore it, or give another run dir.") from None
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path!r} holds a {type(cfg).__name__}, not the mapping of a run's config.yaml; restore "
+                          "it, or give another run dir.")
+    return cfg
+
+
 def checkpoints_of(path: str) -> str:
     """`path`, or `path/checkpoints` when `path` is a run dir (its config.yaml and checkpoints/
     inside): wherever a run's checkpoints dir is asked for, the run dir stands for it. A run dir
@@ -39,7 +55,7 @@ def checkpoints_of(path: str) -> str:
     inner = os.path.join(path, "checkpoints")
     if os.path.isdir(inner):
         return inner
-    c = OmegaConf.load(config).get("checkpoint") or {}
+    c = read_run_config(config).get("checkpoint") or {}
     if c.get("name", "none") == "none":
         why = "saved none (it ran with checkpoint=none); train with checkpoint=local to save them in RUN/checkpoints"
     else:
@@ -59,9 +75,14 @@ def read_params(path: str, step: int | None = None) -> Saved:
     if step is None:
         manager.close()
         raise ConfigError(f"{path!r} holds no complete checkpoint step.")
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    manager.close()
-    saved = _host_params(epath.Path(root) / str(step) / "state")
+    try:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        saved = _host_params(epath.Path(root) / str(step) / "state")
+    except Exception as exc:  # Orbax / TensorStore on damaged files: one paragraph, not ~50 lines
+        quiet_failed_reads()
+        raise unreadable_step(path, step, manager.all_steps(), exc) from None
+    finally:
+        manager.close()
     config = meta.get("config", {})
     quant = OmegaConf.create(config.get("quantization") or {"method": "none"})
     return Saved(saved if meta.get("format", 1) >= 2 else {"policy": saved}, step, has_adapters(quant),

@@ -27,10 +27,12 @@ from stack.checkpoint.rundir import creatable
 from stack.config.compose_errors import friendly_error
 from stack.config.hf_config import take_architecture
 from stack.config.schema import CONFIG_MODULE, recipe_files
+from stack.config.targets import check_before_run
 from stack.config.validate import validate
-from stack.errors import ConfigError, RunDirRefused, RunFailed, bad_choice, short
+from stack.errors import ConfigError, RunDirRefused, RunFailed, bad_choice, one_line_warnings, paragraph, short
 from stack.hardware.gc_freeze import frozen_imports
 from stack.launch import hydra_job
+from stack.launch.children import interrupted, own_stop_file, sweep_stopped
 from stack.launch.local import end_failed_rank, launcher_for, one_of_several
 from stack.launch.report import FAILED_JOBS
 from stack.launch.slurm import check_submit_host, register_slurm
@@ -219,6 +221,9 @@ def _tune_host() -> None:
 def task(cfg: DictConfig) -> Any:
     """One Hydra job. In a multirun a failing job is recorded and the sweep goes on."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    if multirun and sweep_stopped():  # Ctrl-C ended the sweep while this worker finished its last job
+        print(f"the sweep was interrupted: job not started ({HydraConfig.get().runtime.output_dir})", file=sys.stderr)
+        return None
     try:
         result = _run(cfg)
         if cfg.mode == "compile" and result and not multirun:
@@ -227,7 +232,7 @@ def task(cfg: DictConfig) -> Any:
     except Exception as exc:
         if not multirun:
             if isinstance(exc, (ConfigError, RunFailed)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
-                print(f"error: {exc}", file=sys.stderr)
+                print(paragraph(exc), file=sys.stderr)
                 # the paragraph stays the last word: a failed async save (Orbax) can leave a write
                 # coroutine that Python reports as never awaited when it collects it at exit
                 warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
@@ -247,17 +252,14 @@ hydra_task = hydra.main(version_base=None, config_path="pkg://stack.conf", confi
 
 
 def main() -> None:
-    """`python -m stack [overrides]`: preflight, then a plain run's job from the preflight's
-    composition (stack.launch.hydra_job), anything else handed over to Hydra. Ctrl-C anywhere ends
-    the process with one line and exit code 130 (in the loop, after the save it triggers); a
-    failing rank of a multi-process job exits at once (`end_failed_rank`)."""
+    """`python -m stack [overrides]`: preflight, then a plain run's job (stack.launch.hydra_job), else Hydra.
+    Ctrl-C: `interrupted` (in the loop, after its save); a failing rank exits at once (`end_failed_rank`)."""
     sys.argv[1:] = last_wins(sys.argv[1:])  # what Hydra composes, too
+    one_line_warnings()
     try:
         _checked_and_run()
     except KeyboardInterrupt:
-        print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(130)  # no interpreter teardown: XLA threads cut short by Ctrl-C can crash it
+        interrupted()
     except SystemExit as exc:
         if exc.code not in (0, None) and one_of_several():
             if not isinstance(exc.code, int):
@@ -276,19 +278,22 @@ def _checked_and_run() -> None:
     with initialize_config_module(CONFIG_MODULE, version_base=None):  # until a plain run's job ends
         try:
             cfg, whole = composed(argv)
+            if cfg is not None and not _hydra_args(argv).cfg:  # before a run dir or its lock exists
+                check_before_run(cfg)
             launch = launcher_for(cfg, argv) if cfg is not None else None
             if whole is not None and launch is None:  # this process runs the job
                 hydra_job.into_run_dir(whole, cfg, _hydra_args(argv).overrides)
         except ConfigError as exc:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            print(f"error: {exc}", file=sys.stderr)
+            print(paragraph(exc), file=sys.stderr)
             sys.exit(2)
         if launch is not None and not _hydra_args(argv).cfg:  # --cfg: Hydra prints the config, nothing starts
             sys.exit(launch())  # launcher=local / tpu_pod / xpk: this process only starts the job
         if whole is not None:
             hydra_job.run(whole, task)
             return
+    own_stop_file()  # before a sweep starts its workers: they inherit its name
     hydra_task()
     if FAILED_JOBS:
         print(f"{len(FAILED_JOBS)} job(s) failed:\n  " + "\n  ".join(FAILED_JOBS), file=sys.stderr)

@@ -30,23 +30,6 @@ def cudnn_refuses(model: Any) -> str | None:
     return None
 
 
-def check_context(mesh: Any, seq_len: int) -> int:
-    """`mesh.context` (null: 1) splits `data.seq_len` through the `length` rule; the size, checked."""
-    context = 1 if mesh.get("context") is None else mesh.context
-    if context == 1:
-        return 1
-    axes = mesh.rules.get("length")
-    named = [axes] if isinstance(axes, str) else list(axes or [])
-    if not isinstance(context, int) or context < 1 or "context" not in named:
-        raise ConfigError(f"'mesh.context'={context!r} splits each sequence over that many devices through the rule "
-                          f"mesh.rules.length (now {axes!r}), which must name the `context` axis: use "
-                          f"mesh=context mesh.context={context} (a positive integer).")
-    if seq_len % context:
-        raise ConfigError(f"'mesh.context'={context} does not divide data.seq_len={seq_len}: each of the "
-                          f"{context} devices holds an equal part of every sequence.")
-    return context
-
-
 def check_attention(model: Any, platform: str, seq_len: int, context: int = 1) -> None:
     """`model.attention` and `model.attention_block` can run on `platform` at `data.seq_len`, each
     sequence split over `context` devices."""

@@ -6,8 +6,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from stack.config.attention import check_attention, check_context
+from stack.config.attention import check_attention
 from stack.config.hf_config import hf_config_to_model, read_config
+from stack.config.mesh import check_context, check_rules
 from stack.config.quantization import check_config, check_training
 from stack.config.schema import CONFIG_MODULE, GROUPS
 from stack.config.targets import check_reward_function, check_targets
@@ -54,6 +55,7 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"'{key}' must be a positive integer, got {value!r}.")
     m = cfg.model
     _check_model(m, cfg.data.seq_len)
+    check_rules(cfg.mesh)
     check_attention(m, cfg.hardware.platform, cfg.data.seq_len, check_context(cfg.mesh, cfg.data.seq_len))
     if m.scan_layers and cfg.quantization.method != "none":
         raise ConfigError(
@@ -194,6 +196,9 @@ def _check_data(d: DictConfig) -> None:
     if d.source == "synthetic":
         if d.kind != "sft":
             raise ConfigError(f"'data.kind'={d.kind!r}: data.source=synthetic makes sft records only.")
+        if d.path or d.eval_path:  # it was ignored: the run trained on a+b= problems
+            raise ConfigError("'data.path' is set but data.source=synthetic generates its records and reads no file: "
+                              "pick an option that reads it (data=jsonl_sft, jsonl_prefs, jsonl_prompts, parquet_sft).")
         if d.max_operand < 2:  # fewer leave the train split (~90 % of the a+b problems) empty
             raise ConfigError(f"'data.max_operand'={d.max_operand} must be >= 2: data.source=synthetic makes the "
                               "problems a+b= with 0 <= a, b < max_operand.")

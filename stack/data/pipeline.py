@@ -139,6 +139,11 @@ class Batches:
             it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=cfg.prefetch)
         self.dataset = it
 
+    def check_records(self) -> None:
+        """Read and encode every record of the split: a malformed one raises its DataError (file:line)."""
+        for i in range(len(self._source)):
+            self._encoder(self._source[i])
+
     def _read_options(self) -> grain.ReadOptions:
         threads = self.cfg.read_threads
         return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=8 * threads + 1)

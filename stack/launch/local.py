@@ -13,6 +13,7 @@ kernel (Linux): no rank outlives it.
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -164,5 +165,12 @@ def launcher_for(cfg: Any, argv: list[str]) -> Callable[[], int] | None:
     if "-m" in argv or "--multirun" in argv:
         raise ConfigError("'launcher'='local' runs one job on several processes, not a sweep (-m): "
                           "run each job of the sweep with its own command, or drop launcher= for a sweep.")
-    run_dir = cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
-    return partial(launch_local, launcher, argv, run_dir)
+    return partial(launch_local, launcher, argv, job_dir(cfg.run_dir, argv))
+
+
+def job_dir(run_dir: str | None, argv: list[str]) -> str:
+    """The run dir of a launched job: `run_dir`, else the last `hydra.run.dir=` of `argv` (its
+    `${now:FORMAT}` resolved as Hydra resolves it), else Hydra's default outputs/DATE/TIME."""
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
+    path = run_dir or (given[-1] if given else "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}")
+    return re.sub(r"\$\{now:([^}]*)\}", lambda m: time.strftime(m.group(1)), path)

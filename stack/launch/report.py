@@ -20,7 +20,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from stack.checkpoint.job_status import job_outcome
-from stack.errors import ConfigError
+from stack.errors import ConfigError, paragraph
 
 FAILED_JOBS: list[str] = []
 MAXIMIZED = ("accurac", "reward", "margin", "score")  # metric names whose larger values are better
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(report(args.sweep_dir, args.metric))
     except ConfigError as exc:  # exit 2, as every stack command given a bad argument
-        print(f"error: {exc}", file=sys.stderr)
+        print(paragraph(exc), file=sys.stderr)
         sys.exit(2)
 
 

@@ -79,6 +79,8 @@ def _splits(cfg: DictConfig, tokenizer: Tokenizer) -> tuple[Batches, tuple[dict[
     eval_split = Batches(cfg.data, tokenizer, "eval", data_seed, batch_size, **shard)
     evals = tuple(eval_split.take(cfg.trainer.eval_batches))
     if not evals:
+        for split in (eval_split, train):  # a malformed record says so (file:line), not that the split is small
+            split.check_records()
         raise eval_too_small(cfg.data, eval_split.records)
     return train, evals
 

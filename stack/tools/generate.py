@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from stack.errors import ConfigError
+from stack.errors import ConfigError, paragraph
 
 
 def load(path: str, chat: bool = False):
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         encoded = encode_prompts(args.prompt, tokenizer, template if args.chat else None, limit)
         completions = sample(model, tokenizer, encoded, args, limit)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(paragraph(exc), file=sys.stderr)
         sys.exit(2)
     for prompt, texts in zip(args.prompt, completions, strict=True):
         for text in texts:

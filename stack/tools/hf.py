@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from stack.errors import ConfigError
+from stack.errors import ConfigError, paragraph
 from stack.tools.outdir import check_out, fresh_dir
 
 SCORE = ("score", "kernel")  # a reward model's head [d_model, 1] in its checkpoint (algorithm=rm)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         step = export(args.checkpoints, args.out, args.step, args.dtype, args.merge_adapters, args.overwrite)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(paragraph(exc), file=sys.stderr)
         sys.exit(2)
     print(f"exported step {step} of {args.checkpoints} to {args.out}")
 

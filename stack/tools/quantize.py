@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from stack.config.compose_errors import friendly_error
 from stack.config.quantization import check_config, is_post_training
 from stack.config.schema import CONFIG_MODULE
-from stack.errors import ConfigError, DataError
+from stack.errors import ConfigError, DataError, paragraph
 from stack.tools.outdir import check_out, fresh_dir
 
 PTQ_OPTIONS = "w8_ptq, w8a8_ptq, w4_ptq, nf4_ptq"
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         report = quantize_run(args.checkpoints, overrides, args.out, args.step, args.overwrite)
     except (ConfigError, DataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(paragraph(exc), file=sys.stderr)
         sys.exit(2)
     print(format_report(report))
     print(f"wrote {args.out}/checkpoints/{report['step']}, {args.out}/ptq_report.json")

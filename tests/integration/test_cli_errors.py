@@ -30,6 +30,15 @@ def test_build_time_error_is_clean(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+def test_a_refused_target_leaves_no_run_dir(tmp_path):
+    """A `_target_` reached through an allowed module is refused before the run dir and its .lock
+    are made (both were created first)."""
+    run = tmp_path / "r"
+    res = run_cli(["optimizer.chain.0._target_=stack.cli.app.os.system", f"run_dir={run}"], cwd=str(tmp_path))
+    assert res.returncode == 2 and "cannot be built: it names a builtin_function_or_method" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not run.exists()
+
+
 def test_data_kind_and_vocab_are_checked_against_algorithm_and_model(tmp_path):
     for args, message in [
         (["data=jsonl_prefs"], "'data.kind'='preference' does not fit algorithm='sft', which reads sft or text"),

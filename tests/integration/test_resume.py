@@ -146,7 +146,8 @@ def test_corrupt_newest_step_is_skipped_and_config_changes_are_refused(tmp_path,
                     os.remove(os.path.join(root, name))
     res = run_cli(ARGS + ["logger=jsonl", f"run_dir={run_dir}", "trainer.steps=40"], cwd=str(tmp_path))
     assert res.returncode == 2 and "none can be restored" in res.stderr and "Not restarting from scratch" in res.stderr
-    assert len(res.stderr.splitlines()) <= 15 and "Traceback" not in res.stderr, res.stderr  # no TensorStore noise
+    lines = res.stderr.strip().splitlines()  # a one-line warning per step tried, then the paragraph
+    assert len(lines) <= 5 and all(x.startswith(("warning: checkpoint step", "error: ")) for x in lines), res.stderr
 
 
 def test_nonfinite_loss_stops_without_saving_it(tmp_path):
@@ -305,6 +306,6 @@ def test_a_failed_save_stops_with_one_paragraph_and_the_previous_step_restores(t
     assert res.returncode == 1 and last.startswith(f"error: checkpoint step 14 could not be written to {run_dir}"), \
         res.stderr[-3000:]
     assert "File too large (errno 27)" in last and "step 7 there still restores" in last, last
-    assert len(res.stderr.strip().splitlines()) <= 15
+    assert len(res.stderr.strip().splitlines()) <= 5, res.stderr[-3000:]
     res = run_cli(longer, cwd=str(tmp_path))
     assert res.returncode == 0 and "resumed after step 7" in res.stdout, res.stderr[-3000:]

@@ -3,6 +3,10 @@
 import csv
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import optuna
@@ -96,3 +100,46 @@ def test_wandb_runs_of_a_sweep_are_grouped_and_its_summary_is_a_table(tmp_path):
         table = json.load(f)
     assert table["columns"][:2] == ["job", "optimizer.lr"] and [r[0] for r in table["data"]] == [
         j for j, _ in sorted(((j, status(sweep / j)["value"]) for j in "01"), key=lambda x: x[1])]
+
+
+def session_processes(sid: int) -> list[int]:
+    """The live processes of session `sid` (/proc/PID/stat: its 6th field; zombies have ended)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_ctrl_c_in_a_joblib_sweep_leaves_no_process_and_a_rerun_finishes_it(tmp_path):
+    """SIGINT to the sweep's main process: the running jobs save (SIGTERM), no later job starts, and
+    within 10 s nothing of its session is left (loky workers and resource trackers went on as
+    orphans, the workers training). The same command then resumes and completes every job."""
+    sweep = tmp_path / "sweep"
+    argv = ["-m", "seed=0,1,2,3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+            "+recipe=llama_sft", "trainer.steps=300", "trainer.eval_every=0", "trainer.eval_batches=1",
+            "data.batch_size=8"]
+    proc = subprocess.Popen([sys.executable, "-m", "stack", *argv], cwd=str(tmp_path), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (sweep / "0" / "checkpoints").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(session_processes(proc.pid)) >= 3, "the workers did not start"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    deadline = time.monotonic() + 10
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = session_processes(proc.pid)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} processes of the sweep outlived it"
+    assert not (sweep / "2" / "status.json").exists() and not (sweep / "3" / "status.json").exists()
+    res = run_cli(argv, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [status(sweep / str(i))["status"] for i in range(4)] == ["completed"] * 4

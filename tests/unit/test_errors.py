@@ -5,7 +5,7 @@ import os
 import pytest
 
 from stack.cli.app import preflight
-from stack.errors import ConfigError
+from stack.errors import ConfigError, DataError, paragraph
 
 
 def error_of(argv: list[str]) -> str:
@@ -207,6 +207,22 @@ def test_a_3000_character_key_or_value_is_shortened_in_the_message():
         assert len(msg) < 800 and "(3" in msg and "characters)" in msg, msg
 
 
+def test_a_100_kb_value_echoed_by_any_check_is_shortened_on_the_console():
+    """Checks that quote the value itself (a tokenizer path, a run dir) go through `paragraph`, the
+    one printer of every entry point: each long word cut in the middle."""
+    long = "x" * 100_000
+    for exc in (ConfigError(f"'data.tokenizer'={long!r}: no such file."), DataError(f"{long}:3: not JSON")):
+        msg = paragraph(exc)
+        assert msg.startswith("error: ") and len(msg) < 300 and " characters)..." in msg, msg[:400]
+    assert paragraph(ConfigError("a /short/path stays")) == "error: a /short/path stays"
+
+
+@pytest.mark.parametrize("value", ["fsdpp", "[data,fsdpp]"])
+def test_a_rule_naming_no_mesh_axis_is_refused_before_the_mesh_is_made(value):
+    """It was a KeyError traceback from the mesh."""
+    assert "'mesh.rules.batch' names 'fsdpp', which is not a mesh axis" in error_of([f"mesh.rules.batch={value}"])
+
+
 def test_the_last_of_a_key_given_twice_wins():
     """Hydra's rule, also when the earlier value is bad (it was reported instead)."""
     from stack.cli.app import last_wins
@@ -237,6 +253,24 @@ def test_an_eval_split_smaller_than_a_batch_says_where_its_records_come_from(tmp
         with pytest.raises(ConfigError) as info:
             build(cfg, str(tmp_path), abstract=True)
         assert where in str(info.value) and "fills no batch of data.batch_size=" in str(info.value), info.value
+
+
+def test_a_malformed_line_of_a_small_file_is_named_not_the_split_size(tmp_path):
+    """12 lines, the 6th cut short: the eval split (1 record) fills no batch, but the bad line is the
+    problem to fix, so it is what the error names."""
+    import json
+
+    from stack.run.build import build
+
+    good = [json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) for i in range(11)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(good[:5] + ['{"prompt": "1+1=", "completion": '] + good[5:]) + "\n")
+    with pytest.raises(DataError, match=f"{path}:6: not valid JSON"):
+        build(preflight(["data=jsonl_sft", f"data.path={path}"]), str(tmp_path), abstract=True)
+
+
+def test_a_data_path_the_synthetic_source_would_ignore_is_refused():
+    assert "data.source=synthetic generates its records and reads no file" in error_of(["data.path=/data/sft.jsonl"])
 
 
 def test_a_run_dir_without_checkpoints_says_what_became_of_them(tmp_path):

@@ -3,8 +3,9 @@ first failing rank stops the others and gives the job its exit code."""
 
 import subprocess
 import sys
+import time
 
-from stack.launch.local import shell_code, wait_all
+from stack.launch.local import job_dir, shell_code, wait_all
 
 
 def child(code: str) -> subprocess.Popen:
@@ -26,3 +27,11 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace():
 def test_all_ranks_ok_is_0_and_a_signal_reads_as_the_shell_says():
     assert wait_all([child("pass"), child("pass")], grace=1) == 0
     assert shell_code(-9) == 137 and shell_code(-15) == 143 and shell_code(1) == 1
+
+
+def test_launcher_local_takes_hydra_run_dir_as_run_dir():
+    """`hydra.run.dir=` (the Hydra way) and `run_dir=` name the same dir; it wrote under ./outputs/."""
+    assert job_dir(None, ["launcher=local", "hydra.run.dir=/runs/a", "trainer.steps=5"]) == "/runs/a"
+    assert job_dir("/runs/b", ["hydra.run.dir=/runs/a"]) == "/runs/b"
+    assert job_dir(None, ["hydra.run.dir=runs/${now:%Y}/x"]) == f"runs/{time.strftime('%Y')}/x"
+    assert job_dir(None, []).startswith(f"outputs/{time.strftime('%Y-%m-%d')}/")

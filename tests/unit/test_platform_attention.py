@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stack.config.attention import RUNS_ON, attention_kernel, check_attention, check_context
+from stack.config.attention import RUNS_ON, attention_kernel, check_attention
+from stack.config.mesh import check_context
 from stack.errors import ConfigError
 from stack.models.attention import KERNELS, applies, platform_attention, splash_block
 from stack.models.attention_core import causal_attention

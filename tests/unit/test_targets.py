@@ -7,6 +7,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
+from stack.config.targets import check_before_run
 from stack.config.validate import validate
 from stack.errors import ConfigError
 from stack.run.build import build
@@ -39,6 +40,26 @@ def hostile(marker: str, victim: str) -> list[tuple[str, object, list[str]]]:
         (f"{CHAIN}.0", {"_target_": "stack.cli.app.os.system", "_args_": [touch]}, ["allow_targets=[stack]"]),
         ("algorithm._target_", "stack.run.build.instantiate", []),
     ]
+
+
+def test_the_pre_run_check_refuses_every_hostile_target_and_reward_function(tmp_path, monkeypatch):
+    """`check_before_run` (python -m stack runs it before a run dir or its lock exists) judges the
+    objects too: what `validate` lets through by its text is refused here, not in `build`."""
+    marker, victim = str(tmp_path / "ran"), tmp_path / "keep"
+    victim.mkdir()
+    monkeypatch.setenv("STACK_TEST_TARGET", "os.system")
+    for key, node, extra in hostile(marker, str(victim)):
+        cfg = make_cfg(extra)
+        OmegaConf.set_struct(cfg, False)
+        OmegaConf.update(cfg, key, node, merge=False)
+        with pytest.raises(ConfigError, match="cannot be built"):
+            check_before_run(cfg)
+    cfg = make_cfg(["+recipe=llama_grpo", "reward.functions=[accuracy,stack.cli.app.os.system]",
+                    "allow_targets=[stack]"])
+    validate(cfg)  # its text is under an allowed package
+    with pytest.raises(ConfigError, match="'stack.cli.app.os.system' cannot be used: it names a builtin"):
+        check_before_run(cfg)
+    assert not os.path.exists(marker) and victim.is_dir()
 
 
 def test_hostile_targets_are_refused_with_their_key_and_none_runs(tmp_path, monkeypatch):
