@@ -26,6 +26,7 @@ from stack.checkpoint.job_status import FILE, REFUSED, write_status
 from stack.checkpoint.rundir import creatable
 from stack.config.compose_errors import friendly_error
 from stack.config.hf_config import take_architecture
+from stack.config.jax_env import set_jax_env
 from stack.config.schema import CONFIG_MODULE, recipe_files
 from stack.config.targets import check_before_run
 from stack.config.validate import validate
@@ -195,14 +196,8 @@ def _checked(composed: Callable[[], DictConfig], overrides: list[str],
 def _run(cfg: DictConfig) -> Any:
     take_architecture(cfg, list(HydraConfig.get().overrides.task))
     validate(cfg)
-    if cfg.mode == "compile" and cfg.hardware.platform == "gpu":  # compile-only GPUs (stack.hardware.gpu_target)
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-        os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # their executables cannot be loaded back
+    set_jax_env(cfg)
     if cfg.hardware.platform == "cpu":
-        # no TPU/GPU plugin to initialise (libtpu, installed for mode=compile, probes for TPUs at
-        # every jax start otherwise: ~0.25 s and a page of errors on a machine without one)
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         _tune_host()
     with frozen_imports("stack.run.modes"):  # jax is imported only here, after validation (stack.hardware.gc_freeze)
         from stack.run.modes import run
@@ -279,6 +274,7 @@ def _checked_and_run() -> None:
         try:
             cfg, whole = composed(argv)
             if cfg is not None and not _hydra_args(argv).cfg:  # before a run dir or its lock exists
+                set_jax_env(cfg)  # the check imports jax
                 check_before_run(cfg)
             launch = launcher_for(cfg, argv) if cfg is not None else None
             if whole is not None and launch is None:  # this process runs the job

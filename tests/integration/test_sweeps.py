@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import optuna
+import pytest
 
 from stack.launch.worker_cores import share
 from tests.helpers import fake_devices, run_cli
@@ -116,6 +117,7 @@ def session_processes(sid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # ~40 s: two sweeps of 4 jobs
 def test_ctrl_c_in_a_joblib_sweep_leaves_no_process_and_a_rerun_finishes_it(tmp_path):
     """SIGINT to the sweep's main process: the running jobs save (SIGTERM), no later job starts, and
     within 10 s nothing of its session is left (loky workers and resource trackers went on as
