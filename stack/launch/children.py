@@ -3,7 +3,7 @@
 A sweep's joblib (loky) workers and resource trackers, reward workers and other helpers are
 children of the main process. When it ends on Ctrl-C it exits at once (`os._exit`, see
 stack.cli.app.main), and nothing would end them: loky's workers went on training their jobs as
-orphans (~0.5 GB each). `end_descendants` sends SIGTERM to every descendant (a training job
+orphans. `end_descendants` sends SIGTERM to every descendant (a training job
 saves at the end of its round, as on preemption), then SIGKILL to those left after a grace time.
 Meanwhile a worker whose job ended would take the sweep's next one: the main process first creates
 the file `STACK_SWEEP_STOP` names (its workers inherit the variable), and a job starts only while
@@ -59,7 +59,8 @@ def own_stop_file() -> None:
 
 def sweep_stopped() -> bool:
     """Whether the sweep this process works for has ended (its main process was interrupted)."""
-    return os.path.exists(os.environ.get(STOP) or "\0")
+    path = os.environ.get(STOP)
+    return bool(path) and os.path.exists(path)
 
 
 def end_descendants(grace: float = 6.0) -> None:
