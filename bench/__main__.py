@@ -23,7 +23,10 @@ import tempfile
 import time
 
 from bench.rows import holds, parse
+from stack.checkpoint.rundir import creatable
+from stack.errors import ConfigError, exit_on
 from stack.hardware.compile_cache import compilation_cache_dir
+from stack.tools.outdir import check_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # script: (arguments at full size, arguments with --quick, the module it needs or None)
@@ -111,19 +114,22 @@ def shared_cache(cold: bool) -> contextlib.AbstractContextManager[str]:
     return contextlib.nullcontext(compilation_cache_dir())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one trial")
     parser.add_argument("--cold", action="store_true", help="a fresh compilation cache, as on a new machine")
     parser.add_argument("--logs", metavar="DIR", help="write each bench's own output to DIR/<bench>.log")
     parser.add_argument("--markdown", action="store_true",
                         help="print the table as markdown (bench/README.md's table), the progress on stderr")
+    parser.add_argument("--overwrite", action="store_true", help="write into a --logs DIR that is not empty")
     parser.add_argument("benches", nargs="*", help=f"a subset of {', '.join(BENCHES)} (default: all)")
-    args = parser.parse_args()
-    if unknown := sorted(set(args.benches) - set(BENCHES)):
-        parser.error(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
-    if args.logs:
-        os.makedirs(args.logs, exist_ok=True)
+    args = parser.parse_args(argv)
+    with exit_on(ConfigError):
+        if unknown := sorted(set(args.benches) - set(BENCHES)):
+            raise ConfigError(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}.")
+        if args.logs:
+            check_out(args.logs, args.overwrite, "--logs")
+            creatable(args.logs, "--logs")
     progress = sys.stderr if args.markdown else sys.stdout
     results, missing, start = {}, [], time.perf_counter()
     with shared_cache(args.cold) as cache:

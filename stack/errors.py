@@ -1,9 +1,12 @@
 """User-facing errors: one paragraph that names the key, the bad value and what is allowed."""
 
 import difflib
+import os
 import re
+import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 
 class ConfigError(Exception):
@@ -96,6 +99,20 @@ def paragraph(exc: BaseException) -> str:
     """`error: ` and the message of a user-facing error, each word of more than 200 characters (an
     echoed value: a 100 kB override, a path) cut in the middle as `short` cuts it."""
     return "error: " + re.sub(r"\S{201,}", lambda m: short(m.group(), 160), str(exc))
+
+
+@contextmanager
+def exit_on(*kinds: type[Exception]) -> Iterator[None]:
+    """An error of `kinds` (default: ConfigError) raised within ends the process: its paragraph on
+    stderr, exit 2 (1 for a RunFailed: a failure during the work); with HYDRA_FULL_ERROR=1 it
+    propagates, traceback and all."""
+    try:
+        yield
+    except kinds or (ConfigError,) as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(paragraph(exc), file=sys.stderr)
+        sys.exit(1 if isinstance(exc, RunFailed) else 2)
 
 
 def one_line_warnings() -> None:

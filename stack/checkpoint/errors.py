@@ -20,6 +20,7 @@ def writing(tier: Any, step: int | None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
+        quiet_failed_reads()  # the save's other writes die later, each reported at exit
         saved = [s for s in tier.manager.all_steps() if s != step]
         left = f"step {max(saved)} there still restores" if saved else "no earlier step was saved there"
         raise RunFailed(
@@ -58,9 +59,10 @@ def _os_error(exc: Exception) -> str:
 
 
 def quiet_failed_reads() -> None:
-    """After a read that failed: Orbax's other reads of the step die later, each reported with a
-    traceback at exit (an unraisable coroutine, or asyncio's 'Task exception was never
-    retrieved'); the one paragraph already says it, so those are dropped."""
+    """After a read or write that failed: Orbax's other reads or writes of the step die later, each
+    reported with a traceback at exit (an unraisable coroutine, or asyncio's 'Task exception was
+    never retrieved'); the one paragraph already says it (run.log has Orbax's own account), so
+    those are dropped."""
     sys.unraisablehook = aborted_write
     logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
 

@@ -6,39 +6,34 @@ paragraph; `HYDRA_FULL_ERROR=1` shows the full traceback instead.
 
 import argparse
 import os
+import signal
 import sys
 import traceback
-import warnings
 from collections.abc import Callable
-from typing import Any
 
 import hydra
 from hydra import compose, initialize_config_module
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import ConfigCompositionException, OverrideParseException
-from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from stack.checkpoint.job_status import FILE, REFUSED, write_status
 from stack.checkpoint.rundir import creatable
+from stack.cli.job import hydra_task, task
 from stack.config.compose_errors import friendly_error
 from stack.config.hf_config import take_architecture
 from stack.config.jax_env import set_jax_env
+from stack.config.pre_run import check_before_run
 from stack.config.schema import CONFIG_MODULE, recipe_files
-from stack.config.targets import check_before_run
 from stack.config.validate import validate
-from stack.errors import ConfigError, RunDirRefused, RunFailed, bad_choice, one_line_warnings, paragraph, short
-from stack.hardware.gc_freeze import frozen_imports
+from stack.errors import ConfigError, bad_choice, exit_on, one_line_warnings, short
 from stack.launch import hydra_job
-from stack.launch.children import interrupted, own_stop_file, sweep_stopped
+from stack.launch.children import interrupted, own_stop_file
 from stack.launch.local import end_failed_rank, launcher_for, one_of_several
 from stack.launch.report import FAILED_JOBS
 from stack.launch.slurm import check_submit_host, register_slurm
 from stack.launch.sweeper import register_sweeper
-from stack.launch.worker_cores import process_workers, tune_host
 
 register_sweeper()  # hydra/sweeper=optuna and hydra/launcher=slurm, before Hydra composes
 register_slurm()
@@ -193,68 +188,16 @@ def _checked(composed: Callable[[], DictConfig], overrides: list[str],
     return cfg, job_cfg
 
 
-def _run(cfg: DictConfig) -> Any:
-    take_architecture(cfg, list(HydraConfig.get().overrides.task))
-    validate(cfg)
-    set_jax_env(cfg)
-    if cfg.hardware.platform == "cpu":
-        _tune_host()
-    with frozen_imports("stack.run.modes"):  # jax is imported only here, after validation (stack.hardware.gc_freeze)
-        from stack.run.modes import run
-
-    return run(cfg)
-
-
-def _tune_host() -> None:
-    """Before jax starts its threads on a CPU run: a parallel sweep's worker takes its share of the
-    cores and malloc keeps freed pages (stack.launch.worker_cores.tune_host)."""
-    hc = HydraConfig.get()
-    n_jobs = process_workers(hc.launcher) if hc.mode == RunMode.MULTIRUN else None
-    tune_host(hc.sweep.dir if n_jobs else "", n_jobs)
-
-
-def task(cfg: DictConfig) -> Any:
-    """One Hydra job. In a multirun a failing job is recorded and the sweep goes on."""
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    if multirun and sweep_stopped():  # Ctrl-C ended the sweep while this worker finished its last job
-        print(f"the sweep was interrupted: job not started ({HydraConfig.get().runtime.output_dir})", file=sys.stderr)
-        return None
-    try:
-        result = _run(cfg)
-        if cfg.mode == "compile" and result and not multirun:
-            sys.exit(result)  # mode=compile: exit 1 when the step does not fit the chip
-        return result
-    except Exception as exc:
-        if not multirun:
-            if isinstance(exc, (ConfigError, RunFailed)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
-                print(paragraph(exc), file=sys.stderr)
-                # the paragraph stays the last word: a failed async save (Orbax) can leave a write
-                # coroutine that Python reports as never awaited when it collects it at exit
-                warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
-                sys.exit(2 if isinstance(exc, ConfigError) else 1)
-            raise
-        job = cfg.get("run_dir") or HydraConfig.get().runtime.output_dir
-        if os.environ.get("STACK_PROCESS_ID", "0") == "0":  # read back by stack.launch.report at the sweep's end
-            refused = isinstance(exc, RunDirRefused)  # the dir's own run keeps its status.json
-            write_status(job, "refused" if refused else "failed", file=REFUSED if refused else FILE,
-                         error=f"{type(exc).__name__}: {short(str(exc), 2000)}")
-        traceback.print_exc()
-        print(f"job failed, the sweep goes on: {job}", file=sys.stderr)
-        return None
-
-
-hydra_task = hydra.main(version_base=None, config_path="pkg://stack.conf", config_name="config")(task)
-
-
 def main() -> None:
     """`python -m stack [overrides]`: preflight, then a plain run's job (stack.launch.hydra_job), else Hydra.
-    Ctrl-C: `interrupted` (in the loop, after its save); a failing rank exits at once (`end_failed_rank`)."""
+    Ctrl-C (and SIGTERM to a sweep): `interrupted` (in the loop, after its save); a failing rank exits
+    at once (`end_failed_rank`)."""
     sys.argv[1:] = last_wins(sys.argv[1:])  # what Hydra composes, too
     one_line_warnings()
     try:
         _checked_and_run()
-    except KeyboardInterrupt:
-        interrupted()
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM to a sweep (stack.launch.children.Stopped)
+        interrupted(getattr(exc, "signum", signal.SIGINT))
     except SystemExit as exc:
         if exc.code not in (0, None) and one_of_several():
             if not isinstance(exc.code, int):
@@ -271,7 +214,7 @@ def main() -> None:
 def _checked_and_run() -> None:
     argv = sys.argv[1:]
     with initialize_config_module(CONFIG_MODULE, version_base=None):  # until a plain run's job ends
-        try:
+        with exit_on(ConfigError):
             cfg, whole = composed(argv)
             if cfg is not None and not _hydra_args(argv).cfg:  # before a run dir or its lock exists
                 set_jax_env(cfg)  # the check imports jax
@@ -279,17 +222,14 @@ def _checked_and_run() -> None:
             launch = launcher_for(cfg, argv) if cfg is not None else None
             if whole is not None and launch is None:  # this process runs the job
                 hydra_job.into_run_dir(whole, cfg, _hydra_args(argv).overrides)
-        except ConfigError as exc:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            print(paragraph(exc), file=sys.stderr)
-            sys.exit(2)
         if launch is not None and not _hydra_args(argv).cfg:  # --cfg: Hydra prints the config, nothing starts
             sys.exit(launch())  # launcher=local / tpu_pod / xpk: this process only starts the job
         if whole is not None:
             hydra_job.run(whole, task)
             return
-    own_stop_file()  # before a sweep starts its workers: they inherit its name
+    if _hydra_args(argv).multirun:
+        own_stop_file()  # before a sweep starts its workers: they inherit its name
+        signal.signal(signal.SIGTERM, interrupted)  # as Ctrl-C: the jobs save, nothing is left running
     hydra_task()
     if FAILED_JOBS:
         print(f"{len(FAILED_JOBS)} job(s) failed:\n  " + "\n  ".join(FAILED_JOBS), file=sys.stderr)

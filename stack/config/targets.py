@@ -99,21 +99,6 @@ def check_targets(cfg: DictConfig, allow_targets: tuple[str, ...] = (), objects:
                 "when you add one on purpose (e.g. allow_targets=[mypkg]).") from None
 
 
-def check_before_run(cfg: DictConfig) -> None:
-    """Both steps for every `_target_` and reward function path of `cfg` (importing what they name):
-    a refused one stops the run before its run dir or lock exists."""
-    allowed = tuple(cfg.allow_targets)
-    check_targets(cfg, allowed)
-    for name in cfg.reward.get("functions") or ():
-        check_reward_function(name, allowed)
-        if name in RewardConfig.rules:
-            continue
-        try:
-            resolve(str(name), tuple(p.rstrip(".") for p in allowed))
-        except (LookupError, ImportError) as why:
-            raise ConfigError(f"'reward.functions' entry {short(name)!r} cannot be used: {why}.") from None
-
-
 def check_reward_function(name: str, allowed: tuple[str, ...]) -> None:
     """A built-in rule, or an import path under a package the user listed in `allow_targets`."""
     if name in RewardConfig.rules:

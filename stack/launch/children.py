@@ -41,20 +41,36 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+class Stopped(KeyboardInterrupt):
+    """A sweep's job in its main process (Hydra's basic launcher) saved after SIGTERM: the sweep
+    ends as on Ctrl-C, with that signal's exit code."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def interrupted(signum: int = signal.SIGINT, frame: object = None) -> None:
-    """Ctrl-C outside the training loop (the SIGINT handler of `python -m stack`): one line, this
-    process's descendants ended, exit 130 at once (no interpreter teardown: XLA threads cut short
-    by Ctrl-C can crash it; a KeyboardInterrupt raised while Python runs a gc callback, which jax
-    has, is swallowed as 'Exception ignored', and the run would go on)."""
-    print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    """Ctrl-C outside the training loop (the SIGINT handler of `python -m stack`, and a sweep's
+    SIGTERM handler): one line, this process's descendants ended, exit 128 + the signal at once (no
+    interpreter teardown: XLA threads cut short by Ctrl-C can crash it; a KeyboardInterrupt raised
+    while Python runs a gc callback, which jax has, is swallowed as 'Exception ignored', and the
+    run would go on)."""
+    print("interrupted (Ctrl-C)" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})",
+          file=sys.stderr, flush=True)
     sys.stdout.flush()
     end_descendants()
-    os._exit(130)
+    os._exit(128 + signum)
 
 
 def own_stop_file() -> None:
     """In the main process of a sweep, before it starts workers: name the file that stops them."""
     os.environ[STOP] = os.path.join(tempfile.gettempdir(), f"stack-sweep-{os.getpid()}.stop")
+
+
+def sweep_main() -> bool:
+    """Whether this process is the main process of a sweep (it named the stop file)."""
+    return os.environ.get(STOP, "").endswith(f"-{os.getpid()}.stop")
 
 
 def sweep_stopped() -> bool:
@@ -66,8 +82,7 @@ def sweep_stopped() -> bool:
 def end_descendants(grace: float = 6.0) -> None:
     """SIGTERM every descendant of this process, SIGKILL the ones still alive after `grace` s
     (a sweep's workers start no job meanwhile: `sweep_stopped`)."""
-    stop = os.environ.get(STOP, "")
-    mine = stop.endswith(f"-{os.getpid()}.stop")
+    stop, mine = os.environ.get(STOP, ""), sweep_main()
     if mine:
         open(stop, "w").close()
     try:

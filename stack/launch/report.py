@@ -1,9 +1,11 @@
 """`python -m stack.launch.report SWEEP_DIR`: one table of a Hydra multirun (the overrides that vary,
 the objective's final and best value, status, wall time), sorted by the objective; writes
 `summary.csv` and `curves.png` (the objective per job over steps) into the sweep dir, and for an
-Optuna sweep (`optuna.db` there) `optuna_history.png` and `optuna_importances.png`.
-`SweepReport` runs it at the end of every multirun (a Hydra callback in conf/config.yaml) and
-collects the failed jobs (their `status.json`, or a rerun's `refused.json`) into FAILED_JOBS for the exit code.
+Optuna sweep (`optuna.db` there) `optuna_history.png` and `optuna_importances.png`; `--metric X`
+reads X instead and writes `summary-X.csv` and `curves-X.png`. From the command line, report files
+that exist are kept unless `--overwrite`. `SweepReport` runs it at the end of every multirun (a
+Hydra callback in conf/config.yaml), rewriting that sweep's report, and collects the failed jobs
+(their `status.json`, or a rerun's `refused.json`) into FAILED_JOBS for the exit code.
 """
 
 import argparse
@@ -11,8 +13,8 @@ import csv
 import json
 import math
 import os
+import re
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +22,8 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from stack.checkpoint.job_status import job_outcome
-from stack.errors import ConfigError, paragraph
+from stack.errors import ConfigError, exit_on, one_line_warnings, short
+from stack.launch.report_files import optuna_plots, plot_curves, plot_optuna, replaced
 
 FAILED_JOBS: list[str] = []
 MAXIMIZED = ("accurac", "reward", "margin", "score")  # metric names whose larger values are better
@@ -45,17 +48,40 @@ def direction(metric: str) -> str:
 
 
 def _rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a `metrics.jsonl`; a line that is not a JSON object (cut by a kill) is skipped."""
     try:
         with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
+            lines = f.readlines()
+    except OSError:
         return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("step"), int)]
+
+
+def _overrides(job_dir: str) -> dict[str, str]:
+    """A job's `.hydra/overrides.yaml` as key -> value; ConfigError naming the file if it is not one."""
+    path = os.path.join(job_dir, ".hydra", "overrides.yaml")
+    try:
+        with open(path) as f:
+            lines = yaml.safe_load(f) or []
+        if not (isinstance(lines, list) and all(isinstance(o, str) for o in lines)):
+            raise ValueError(f"a {type(lines).__name__}, not a list of overrides")
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # yaml's errors: a python tag is never constructed
+        why = short(" ".join(str(exc).split()), 160)
+        raise ConfigError(f"{path!r} cannot be read as a Hydra job's overrides ({type(exc).__name__}: {why}); "
+                          "that job dir is damaged: move it out of the sweep dir (or rerun the sweep to "
+                          "rewrite it).") from None
+    return dict(o.split("=", 1) for o in lines if "=" in o)
 
 
 def read_job(job_dir: str, metric: str | None) -> Job:
     """A job of a sweep from its `.hydra/overrides.yaml`, `status.json` and `metrics.jsonl`."""
-    with open(os.path.join(job_dir, ".hydra", "overrides.yaml")) as f:
-        overrides = dict(o.split("=", 1) for o in yaml.safe_load(f) or [] if "=" in o)
+    overrides = _overrides(job_dir)
     status = job_outcome(job_dir)
     metric = metric or status.get("objective")
     curve = [(r["step"], r[metric]) for r in _rows(os.path.join(job_dir, "metrics.jsonl"))
@@ -129,68 +155,32 @@ def write_csv(jobs: list[Job], path: str) -> None:
                           j.status, j.seconds, j.error])
 
 
-def plot_curves(jobs: list[Job], path: str) -> bool:
-    """The objective per job over steps (matplotlib, headless); False if no job has a curve."""
-    import matplotlib  # matplotlib and optuna: only when a report is drawn, not on the CLI's path
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after the headless backend is chosen
-
-    drawn = [j for j in jobs if j.curve]
-    if not drawn:
-        return False
-    keys = varying(jobs)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for j in drawn:
-        label = " ".join(f"{k}={j.overrides.get(k, '')}" for k in keys) or j.name
-        ax.plot(*zip(*j.curve, strict=True), marker="o", label=f"{j.name}: {label}")
-    ax.set(xlabel="step", ylabel=drawn[0].objective, title=f"{drawn[0].objective} per job")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+def report_files(sweep_dir: str, metric: str | None) -> list[str]:
+    """The files a report writes into `sweep_dir`: summary.csv, curves.png and the Optuna plots for
+    the jobs' objective; `summary-METRIC.csv` and `curves-METRIC.png` for another `metric`."""
+    if metric is None:
+        return ["summary.csv", "curves.png", *optuna_plots(sweep_dir)]
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", metric)
+    return [f"summary-{tag}.csv", f"curves-{tag}.png"]
 
 
-def plot_optuna(sweep_dir: str) -> list[str]:
-    """Optimisation history and parameter importances of the sweep's Optuna study, if any."""
-    db = os.path.join(sweep_dir, "optuna.db")
-    if not os.path.isfile(db):
-        return []
-    import matplotlib  # matplotlib and optuna: only when a report is drawn, not on the CLI's path
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after the headless backend is chosen
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{db}"
-    written = []
-    for name in optuna.get_all_study_names(storage):
-        study = optuna.load_study(study_name=name, storage=storage)
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        plots = [("optuna_history.png", optuna.visualization.matplotlib.plot_optimization_history)]
-        if len(done) >= 2 and len({k for t in done for k in t.params}) >= 1:
-            plots.append(("optuna_importances.png", optuna.visualization.matplotlib.plot_param_importances))
-        for file, plot in plots:
-            with warnings.catch_warnings():  # optuna marks its matplotlib plots experimental
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                ax = plot(study)
-            ax.figure.tight_layout()
-            ax.figure.savefig(os.path.join(sweep_dir, file), dpi=100)
-            plt.close(ax.figure)
-            written.append(file)
-    return written
-
-
-def report(sweep_dir: str, metric: str | None = None) -> str:
-    """Read the sweep, write summary.csv / curves.png (/ Optuna plots); the text to print."""
+def report(sweep_dir: str, metric: str | None = None, overwrite: bool = True) -> str:
+    """Read the sweep, write its report files (an existing one is kept unless `overwrite`, and
+    then none is written); the text to print."""
     jobs = read_sweep(sweep_dir, metric)
-    write_csv(jobs, os.path.join(sweep_dir, "summary.csv"))
-    files = ["summary.csv"] + (["curves.png"] if plot_curves(jobs, os.path.join(sweep_dir, "curves.png")) else [])
-    files += plot_optuna(sweep_dir)
-    return f"sweep {sweep_dir}: {len(jobs)} jobs\n{table(jobs)}\nwrote {', '.join(files)}"
+    text = f"sweep {sweep_dir}: {len(jobs)} jobs\n{table(jobs)}"
+    names = report_files(sweep_dir, metric)
+    if not overwrite and (there := [n for n in names if os.path.exists(os.path.join(sweep_dir, n))]):
+        return f"{text}\nkept {', '.join(there)} (they exist: --overwrite rewrites them)"
+    table_file, curves_file = names[:2]
+    with replaced(os.path.join(sweep_dir, table_file)) as tmp:
+        write_csv(jobs, tmp)
+    drawn, keys = [j for j in jobs if j.curve], varying(jobs)
+    if drawn:
+        plot_curves([(f"{j.name}: " + (" ".join(f"{k}={_value(j.overrides.get(k, ''))}" for k in keys) or j.name),
+                      j.curve) for j in drawn], drawn[0].objective or "", os.path.join(sweep_dir, curves_file))
+    files = [table_file, *([curves_file] if drawn else []), *(plot_optuna(sweep_dir) if metric is None else [])]
+    return f"{text}\nwrote {', '.join(files)}"
 
 
 def sweep_group(sweep_dir: str) -> str:
@@ -233,13 +223,13 @@ class SweepReport(Callback):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stack.launch.report", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", help="a Hydra multirun dir, e.g. multirun/DATE/TIME")
-    parser.add_argument("--metric", default=None, help="default: each job's objective (trainer.objective)")
+    parser.add_argument("--metric", default=None, help="default: each job's objective (trainer.objective); "
+                        "another metric's table and curves go to summary-METRIC.csv and curves-METRIC.png")
+    parser.add_argument("--overwrite", action="store_true", help="rewrite report files that exist")
     args = parser.parse_args(argv)
-    try:
-        print(report(args.sweep_dir, args.metric))
-    except ConfigError as exc:  # exit 2, as every stack command given a bad argument
-        print(paragraph(exc), file=sys.stderr)
-        sys.exit(2)
+    one_line_warnings()
+    with exit_on(ConfigError):  # exit 2, as every stack command given a bad argument
+        print(report(args.sweep_dir, args.metric, args.overwrite))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from hydra.core.plugins import Plugins
 
-from stack.errors import ConfigError
+from stack.errors import ConfigError, short
 from stack.launch.report import direction as metric_direction
 
 
@@ -71,9 +71,16 @@ def open_study(sweep_dir: str, name: str, direction: str, seed: int) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     os.makedirs(sweep_dir, exist_ok=True)
-    return optuna.create_study(study_name=name, storage=f"sqlite:///{os.path.join(sweep_dir, 'optuna.db')}",
-                               load_if_exists=True, direction=direction,
-                               sampler=optuna.samplers.TPESampler(seed=seed))
+    db = os.path.join(sweep_dir, "optuna.db")
+    try:
+        return optuna.create_study(study_name=name, storage=f"sqlite:///{db}", load_if_exists=True,
+                                   direction=direction, sampler=optuna.samplers.TPESampler(seed=seed))
+    except Exception as exc:  # SQLAlchemy's errors (a damaged or locked file), Optuna's (another direction)
+        why = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        todo = ("another sweep still running there holds it: wait for it to end" if "locked" in why else
+                "it is not a study of this sweep: move it away")
+        raise ConfigError(f"The Optuna study {name!r} in {db!r} cannot be opened ({short(why, 200)}); {todo}, or "
+                          "give this sweep a new hydra.sweep.dir. Nothing was run.") from None
 
 
 def trial_value(job: Any) -> float | None:

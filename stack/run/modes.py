@@ -22,9 +22,11 @@ from stack.errors import ConfigError, RunFailed
 from stack.hardware.compile_cache import enable_compilation_cache
 from stack.hardware.cpu_compiler import configure_cpu_compiler
 from stack.hardware.cpu_dispatch import configure_cpu_dispatch
+from stack.launch.children import Stopped, sweep_main
 from stack.launch.local import init_distributed
 from stack.launch.report import sweep_group
 from stack.launch.worker_cores import worker_cores
+from stack.logging.library_log import library_log
 from stack.run.build import build
 from stack.run.warm_start import warm_start
 
@@ -68,14 +70,15 @@ def describe(s: Summary, objective: str) -> str:
 
 
 def train_run(cfg: DictConfig) -> Summary:
-    """`mode=train`: own the run dir (stack.checkpoint.rundir), then the warm-start stage if any, write the
-    resolved config to the run dir, build, train; the Summary."""
+    """`mode=train`: own the run dir (stack.checkpoint.rundir), library records into its run.log, then the
+    warm-start stage if any, write the resolved config to the run dir, build, train; the Summary."""
     output_dir, group, name = _hydra_context()
     run_dir = cfg.run_dir or output_dir
     if not run_dir:
         raise ConfigError("'run_dir' is not set and no Hydra output dir exists; set run_dir=PATH.")
     with owned(run_dir) if jax.process_index() == 0 else nullcontext():  # one owner: process 0
-        return _train_in(warm_start(cfg, run_dir, train_run), run_dir, group, name)
+        with library_log(run_dir, jax.process_index()):  # Orbax's, Grain's, jax's records: not on the console
+            return _train_in(warm_start(cfg, run_dir, train_run), run_dir, group, name)
 
 
 def _train_in(cfg: DictConfig, run_dir: str, group: str | None, name: str | None) -> Summary:
@@ -113,8 +116,8 @@ def run(cfg: DictConfig) -> Any:
     summary = train_run(cfg)
     if summary.status == "preempted":
         print(f"{summary.message}: checkpoint saved; rerun the same command to resume.", flush=True)
-        if summary.signal == signal.SIGINT:  # Ctrl-C: saved like SIGTERM, then exit 130 (a sweep stops too)
-            raise KeyboardInterrupt
+        if summary.signal == signal.SIGINT or sweep_main():  # Ctrl-C: saved like SIGTERM, then exit 130;
+            raise Stopped(summary.signal or signal.SIGTERM)  # a sweep's main process: no later job starts
     name = objective_of(cfg)
     objective = summary.metric(name)
     if objective is None and summary.status == "completed":

@@ -16,9 +16,8 @@ an open assistant turn, as GRPO prompts are (HF apply_chat_template, add_generat
 
 import argparse
 import os
-import sys
 
-from stack.errors import ConfigError, paragraph
+from stack.errors import ConfigError, exit_on
 
 
 def load(path: str, chat: bool = False):
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         parser.error(f"{', '.join(bad)}: --temperature must be >= 0 (0: greedy), --top-k >= 0 (0: off), --top-p in "
                      "(0, 1] (1.0: off) and --num-samples >= 1.")
-    try:
+    with exit_on(ConfigError):
         if args.score:
             from stack.rewards.model import score_texts  # after argparse: --help and argument errors answer without jax
 
@@ -135,9 +134,6 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer, limit, template = load(args.path, args.chat)
         encoded = encode_prompts(args.prompt, tokenizer, template if args.chat else None, limit)
         completions = sample(model, tokenizer, encoded, args, limit)
-    except ConfigError as exc:
-        print(paragraph(exc), file=sys.stderr)
-        sys.exit(2)
     for prompt, texts in zip(args.prompt, completions, strict=True):
         for text in texts:
             print(f"{prompt}{text}")

@@ -13,11 +13,10 @@ dequantized). Importing is `model.init_from=hf:DIR` on any run.
 
 import argparse
 import os
-import sys
 
 import numpy as np
 
-from stack.errors import ConfigError, paragraph
+from stack.errors import ConfigError, exit_on
 from stack.tools.outdir import check_out, fresh_dir
 
 SCORE = ("score", "kernel")  # a reward model's head [d_model, 1] in its checkpoint (algorithm=rm)
@@ -89,11 +88,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="a LoRA/QLoRA run: write the base weights with the adapters merged in")
     ex.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (once the export is done)")
     args = parser.parse_args(argv)
-    try:
+    with exit_on(ConfigError):
         step = export(args.checkpoints, args.out, args.step, args.dtype, args.merge_adapters, args.overwrite)
-    except ConfigError as exc:
-        print(paragraph(exc), file=sys.stderr)
-        sys.exit(2)
     print(f"exported step {step} of {args.checkpoints} to {args.out}")
 
 

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from stack.errors import ConfigError
 
 
-def check_out(out: str, overwrite: bool) -> None:
-    """ConfigError for an `--out` that is a file, or a non-empty directory without `overwrite`."""
-    if os.path.isfile(out):
-        raise ConfigError(f"--out {out!r} is a file; give a directory (nothing was written).")
+def check_out(out: str, overwrite: bool, flag: str = "--out") -> None:
+    """ConfigError for an output dir (`flag`) that is a file, or a non-empty directory without `overwrite`."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"{flag} {out!r} is a file; give a directory (nothing was written).")
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise ConfigError(f"--out {out!r} already exists and is not empty; pick a new directory or pass --overwrite "
+        raise ConfigError(f"{flag} {out!r} already exists and is not empty; pick a new directory or pass --overwrite "
                           "to replace it once the new output is complete (nothing was written).")
 
 

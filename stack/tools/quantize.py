@@ -17,7 +17,6 @@ holds the quantized checkpoint (Orbax, one step: the run's), DIR/config.yaml its
 import argparse
 import json
 import os
-import sys
 from typing import Any
 
 from hydra import compose, initialize_config_module
@@ -26,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from stack.config.compose_errors import friendly_error
 from stack.config.quantization import check_config, is_post_training
 from stack.config.schema import CONFIG_MODULE
-from stack.errors import ConfigError, DataError, paragraph
+from stack.errors import ConfigError, DataError, exit_on
 from stack.tools.outdir import check_out, fresh_dir
 
 PTQ_OPTIONS = "w8_ptq, w8a8_ptq, w4_ptq, nf4_ptq"
@@ -148,11 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     overrides = args.overrides + ([f"quantization.calibration_batches={args.calibration_batches}"]
                                   if args.calibration_batches is not None else [])
-    try:
+    with exit_on(ConfigError, DataError):
         report = quantize_run(args.checkpoints, overrides, args.out, args.step, args.overwrite)
-    except (ConfigError, DataError) as exc:
-        print(paragraph(exc), file=sys.stderr)
-        sys.exit(2)
     print(format_report(report))
     print(f"wrote {args.out}/checkpoints/{report['step']}, {args.out}/ptq_report.json")
 

@@ -66,6 +66,7 @@ def test_multirun_grid_own_dirs_failures_do_not_stop_the_sweep_and_a_rerun_is_re
     res = run_cli(grid, cwd=str(tmp_path))
     assert res.returncode == 1, "a failed job must make the sweep's exit code non-zero"
     assert "2 job(s) failed" in res.stderr and "/nonexistent.jsonl" in res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.count("\nerror: ") + res.stderr.startswith("error: ") == 2
     jobs = [tmp_path / "sweep" / d for d in os.listdir(tmp_path / "sweep") if os.path.isdir(tmp_path / "sweep" / d)]
     assert len(jobs) == 4, jobs
     overrides = [yaml.safe_load((j / ".hydra" / "overrides.yaml").read_text()) for j in jobs]  # failed jobs' too
@@ -82,6 +83,7 @@ def test_multirun_grid_own_dirs_failures_do_not_stop_the_sweep_and_a_rerun_is_re
     assert again.returncode == 1 and "holds a completed run" in again.stderr, again.stderr[-3000:]
     assert {name: (job / name).read_text() for name in written} == written  # its status.json says completed still
     assert "holds a completed run" in again.stderr.split("job(s) failed")[1] and (job / "refused.json").is_file()
+    assert "Traceback" not in again.stderr  # the refusal's paragraph, as a single run's (a 17-line traceback)
 
 
 def test_task_returns_the_objective(tmp_path):

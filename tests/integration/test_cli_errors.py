@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import REPO, run_cli
@@ -30,12 +31,16 @@ def test_build_time_error_is_clean(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def test_a_refused_target_leaves_no_run_dir(tmp_path):
-    """A `_target_` reached through an allowed module is refused before the run dir and its .lock
-    are made (both were created first)."""
-    run = tmp_path / "r"
-    res = run_cli(["optimizer.chain.0._target_=stack.cli.app.os.system", f"run_dir={run}"], cwd=str(tmp_path))
+@pytest.mark.parametrize("where", ["run", "warm start"])
+def test_a_refused_target_leaves_no_run_dir(tmp_path, where):
+    """A `_target_` reached through an allowed module, in the run's config or in its warm-start
+    stage's overrides, is refused before the run dir and its .lock are made (both were created
+    first; the stage's was judged only when it was composed, inside the run dir)."""
+    run, target = tmp_path / "r", "optimizer.chain.0._target_=stack.cli.app.os.system"
+    args = [target] if where == "run" else ["+recipe=llama_grpo", f"warm_start.overrides=['{target}']"]
+    res = run_cli([*args, f"run_dir={run}"], cwd=str(tmp_path))
     assert res.returncode == 2 and "cannot be built: it names a builtin_function_or_method" in res.stderr, res.stderr
+    assert where == "run" or res.stderr.startswith("error: The warm-start stage (warm_start.recipe=llama_sft): ")
     assert len(res.stderr.strip().splitlines()) == 1 and not run.exists()
 
 

@@ -148,6 +148,7 @@ def test_corrupt_newest_step_is_skipped_and_config_changes_are_refused(tmp_path,
     assert res.returncode == 2 and "none can be restored" in res.stderr and "Not restarting from scratch" in res.stderr
     lines = res.stderr.strip().splitlines()  # a one-line warning per step tried, then the paragraph
     assert len(lines) <= 5 and all(x.startswith(("warning: checkpoint step", "error: ")) for x in lines), res.stderr
+    assert "[absl]" not in res.stdout and len(res.stdout.strip().splitlines()) <= 2, res.stdout[-3000:]
 
 
 def test_nonfinite_loss_stops_without_saving_it(tmp_path):
@@ -307,5 +308,8 @@ def test_a_failed_save_stops_with_one_paragraph_and_the_previous_step_restores(t
         res.stderr[-3000:]
     assert "File too large (errno 27)" in last and "step 7 there still restores" in last, last
     assert len(res.stderr.strip().splitlines()) <= 5, res.stderr[-3000:]
+    assert "[absl]" not in res.stdout and len(res.stdout.strip().splitlines()) <= 3, res.stdout[-3000:]
+    log = (run_dir / "run.log").read_text()  # Orbax's own account, at full detail, is kept there
+    assert "[absl][ERROR]" in log and "File too large" in log and "Traceback" in log
     res = run_cli(longer, cwd=str(tmp_path))
     assert res.returncode == 0 and "resumed after step 7" in res.stdout, res.stderr[-3000:]

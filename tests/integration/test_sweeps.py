@@ -39,6 +39,7 @@ def test_joblib_sweep_runs_jobs_in_workers_isolates_a_failure_and_reports(tmp_pa
                   cwd=str(tmp_path), env=fake_devices(4))
     assert res.returncode == 1, "the failed job must make the sweep's exit code non-zero"
     assert "1 job(s) failed" in res.stderr and f"{sweep}/2: RunFailed: train/loss is non-finite" in res.stderr
+    assert "Traceback" not in res.stderr  # the failed job's one paragraph
     jobs = {d: status(sweep / d) for d in "0123"}
     assert [jobs[d]["status"] for d in "0123"] == ["completed", "completed", "failed", "completed"]
     assert all(jobs[d]["devices"] == 4 for d in "013"), "XLA_FLAGS did not reach the joblib workers"
@@ -117,11 +118,13 @@ def session_processes(sid: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow  # ~40 s: two sweeps of 4 jobs
-def test_ctrl_c_in_a_joblib_sweep_leaves_no_process_and_a_rerun_finishes_it(tmp_path):
-    """SIGINT to the sweep's main process: the running jobs save (SIGTERM), no later job starts, and
-    within 10 s nothing of its session is left (loky workers and resource trackers went on as
-    orphans, the workers training). The same command then resumes and completes every job."""
+@pytest.mark.slow  # ~40 s each: two sweeps of 4 jobs
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_a_signal_to_a_joblib_sweep_leaves_no_process_and_a_rerun_finishes_it(tmp_path, sig):
+    """SIGINT (Ctrl-C) or SIGTERM to the sweep's main process: the running jobs save (SIGTERM), no
+    later job starts, and within 10 s nothing of its session is left (loky workers and resource
+    trackers went on as orphans, the workers training; SIGTERM killed the main process alone). Exit
+    128 + the signal. The same command then resumes and completes every job."""
     sweep = tmp_path / "sweep"
     argv = ["-m", "seed=0,1,2,3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
             "+recipe=llama_sft", "trainer.steps=300", "trainer.eval_every=0", "trainer.eval_batches=1",
@@ -132,8 +135,8 @@ def test_ctrl_c_in_a_joblib_sweep_leaves_no_process_and_a_rerun_finishes_it(tmp_
     while not (sweep / "0" / "checkpoints").is_dir() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(session_processes(proc.pid)) >= 3, "the workers did not start"
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == 128 + sig
     deadline = time.monotonic() + 10
     while session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -145,3 +148,16 @@ def test_ctrl_c_in_a_joblib_sweep_leaves_no_process_and_a_rerun_finishes_it(tmp_
     res = run_cli(argv, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     assert [status(sweep / str(i))["status"] for i in range(4)] == ["completed"] * 4
+
+
+def test_a_damaged_study_db_is_one_paragraph_and_nothing_runs(tmp_path):
+    """It was an 83-line SQLAlchemy traceback (issue 82)."""
+    sweep = tmp_path / "study"
+    sweep.mkdir()
+    (sweep / "optuna.db").write_bytes(b"\x00not sqlite" * 100)
+    res = run_cli(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "optimizer.lr=interval(1e-4,1e-2)",
+                   f"hydra.sweep.dir={sweep}"] + SMALL, cwd=str(tmp_path))
+    assert res.returncode == 2 and res.stderr.startswith(f"error: The Optuna study 'stack' in '{sweep}/optuna.db' "
+                                                         "cannot be opened ((sqlite3.DatabaseError) file is not a "
+                                                         "database); it is not a study of this sweep"), res.stderr
+    assert res.stderr.count("\n") == 1 and os.listdir(sweep) == ["optuna.db"]

@@ -120,3 +120,25 @@ def test_the_bench_readme_table_is_in_the_markdown_format():
         assert verdict == ("ok" if reading and holds(float(reading), goal) else "miss"), line  # failed: no reading
     named = {line.split("`")[1] for line in table_rows} | set(re.findall(r"(\w+) \(needs", block.group(1)))
     assert named == set(BENCHES)
+
+
+@pytest.mark.parametrize("case", ["unknown bench", "logs is a file", "logs not empty", "logs uncreatable"])
+def test_bad_input_to_the_runner_is_one_paragraph_and_exit_2_before_any_bench(case, monkeypatch, tmp_path, capsys):
+    """Issue 82 item 1: `python -m bench` as every stack command; no bench runs, nothing is overwritten."""
+    import bench.__main__ as runner
+
+    monkeypatch.setattr(runner, "run", lambda *a: pytest.fail("a bench ran"))
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "dpo_step.log").write_text("an earlier reading")
+    argv, words = {
+        "unknown bench": (["dpo_stepp"], "unknown bench dpo_stepp; the benches: step_overhead, dpo_step"),
+        "logs is a file": (["--logs", str(tmp_path / "file")], "is a file; give a directory"),
+        "logs not empty": (["--logs", str(tmp_path / "full")], "already exists and is not empty; pick a new"),
+        "logs uncreatable": (["--logs", "/proc/bench-logs"], "cannot be created"),
+    }[case]
+    with pytest.raises(SystemExit) as exit_:
+        runner.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+    assert (tmp_path / "full" / "dpo_step.log").read_text() == "an earlier reading"

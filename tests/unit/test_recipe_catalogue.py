@@ -2,11 +2,13 @@
 rows, drift, config and version changes) and the recorder's refusal of a dirty tree."""
 
 import copy
+import re
 import subprocess
 
 import pytest
 
 from stack.config.schema import recipe_files
+from stack.errors import ConfigError
 from stack.tools import expectations, recipes
 
 EXPECTED = {"recorded_with": {"jax": "0.10.2", "machine": "Linux x86_64, 2 cpus"}, "overrides": expectations.SHRINK,
@@ -55,8 +57,9 @@ def test_a_changed_default_and_other_overrides_are_named():
 
 
 def test_catalogue_lists_every_recipe_with_its_header_fields():
-    rows = {r[0]: r for r in recipes.catalogue()}
-    assert set(rows) == set(recipe_files())
+    found, errors = recipes.catalogue()
+    rows = {r[0]: r for r in found}
+    assert set(rows) == set(recipe_files()) and errors == []
     assert rows["llama_dpo"][1:] == ("dpo", "llama_tiny", "cpu", "~40 s")
     assert rows["llama_rm"][1:4] == ("rm", "llama_small", "cpu")
     assert "groups:   model=llama_tiny" in recipes.show("llama_dpo")
@@ -67,15 +70,39 @@ def test_record_refuses_a_dirty_tree(tmp_path, monkeypatch):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "untracked.txt").write_text("x")
     monkeypatch.setattr(recipes, "expected_dir", lambda: str(tmp_path / "expected"))
-    with pytest.raises(SystemExit, match="(?s)refusing to record on a dirty tree.*untracked.txt"):
+    with pytest.raises(ConfigError, match="refusing to record on a dirty tree .*; changed: untracked.txt"):
         recipes.record(["llama_sft"])
 
 
-def test_an_unknown_recipe_is_one_line_before_anything_is_recorded():
+def one_paragraph(argv: list[str], capsys) -> tuple[str, str]:
+    """(stdout, the error paragraph) of `python -m stack.tools.recipes ARGV` that exits 2."""
+    with pytest.raises(SystemExit) as info:
+        recipes.main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    return out, err
+
+
+def test_an_unknown_recipe_is_one_line_before_anything_is_recorded(capsys):
     """`record NAME` with a misspelt NAME was Hydra's MissingConfigException (a traceback)."""
-    for call in (lambda: recipes.record(["llama_sft", "llama_sfx"]), lambda: recipes.show("llama_sfx")):
-        with pytest.raises(SystemExit, match="^error: no recipe 'llama_sfx'; recipes: .*llama_sft"):
-            call()
+    for argv in (["record", "llama_sft", "llama_sfx"], ["llama_sfx"]):
+        assert re.match("error: no recipe 'llama_sfx'; recipes: .*llama_sft", one_paragraph(argv, capsys)[1])
+
+
+def test_a_recipe_that_does_not_compose_and_a_damaged_expectation_are_named(tmp_path, monkeypatch, capsys):
+    """Issue 82 item 1: the catalogue lists the recipes that compose, then names the one that does not;
+    a recipe's expectation that is not JSON is named with the way to restore it."""
+    shipped = recipe_files()
+    monkeypatch.setattr(recipes, "recipe_files", lambda: {**shipped, "mine": "# @package _global_\nmodel: nope\n"})
+    out, err = one_paragraph([], capsys)
+    assert "llama_sft" in out and "mine" not in out
+    assert err.startswith("error: The recipe 'mine' (recipes/mine.yaml) cannot be composed (")
+    monkeypatch.setattr(recipes, "expected_dir", lambda: str(tmp_path))
+    bad = tmp_path / "llama_sft.json"
+    bad.write_text('{"steps": {"train/loss"')  # cut short
+    err = one_paragraph(["llama_sft"], capsys)[1]
+    assert err.startswith(f"error: {str(bad)!r} cannot be read as a recipe's expectations (JSONDecodeError") and \
+        "record llama_sft" in err
 
 
 REPORT = """mode=compile: model=llama3_8b on hardware=tpu_v5e (v5e:2x4, 8 device(s), 1 host(s)), mesh=fsdp

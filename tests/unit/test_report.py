@@ -13,7 +13,8 @@ from stack.checkpoint.job_status import FILE, REFUSED, write_status
 from stack.errors import ConfigError
 from stack.launch.report import main as report_main
 from stack.launch.report import read_sweep, report, table
-from stack.launch.sweeper import search_space
+from stack.launch.report_files import replaced
+from stack.launch.sweeper import open_study, search_space
 
 
 def job(root, name, overrides, metric, values, status=None):
@@ -94,3 +95,71 @@ def test_search_space_from_hydra_sweep_syntax():
     assert fixed == ["trainer.steps=20"]
     with pytest.raises(ConfigError, match="found nothing to search"):
         search_space(["trainer.steps=20"])
+
+
+def test_the_command_keeps_report_files_unless_overwrite_and_another_metric_has_its_own(tmp_path, capsys):
+    """Issue 82 item 2: nothing is rewritten without being asked; `--metric X` writes summary-X.csv and
+    curves-X.png beside the objective's files (it rewrote them)."""
+    job(tmp_path, "0", ["seed=0"], "eval/loss", [3.0, 2.0], "completed")
+    job(tmp_path, "1", ["seed=1"], "eval/loss", [3.0, 2.5], "completed")
+    (tmp_path / "summary.csv").write_text("mine\n")
+    report_main([str(tmp_path)])
+    assert "kept summary.csv (they exist: --overwrite rewrites them)" in capsys.readouterr().out
+    assert (tmp_path / "summary.csv").read_text() == "mine\n" and not (tmp_path / "curves.png").exists()
+    report_main([str(tmp_path), "--metric", "train/loss"])
+    assert "wrote summary-train_loss.csv, curves-train_loss.png" in capsys.readouterr().out
+    assert (tmp_path / "summary.csv").read_text() == "mine\n"
+    report_main([str(tmp_path), "--overwrite"])
+    assert "wrote summary.csv, curves.png" in capsys.readouterr().out
+    with open(tmp_path / "summary.csv") as f:
+        assert [r["final"] for r in csv.DictReader(f)] == ["2.0", "2.5"]
+    assert not [p for p in os.listdir(tmp_path) if "partial" in p]
+
+
+def test_a_report_file_is_replaced_whole_or_not_at_all(tmp_path):
+    (tmp_path / "summary.csv").write_text("old\n")
+    with pytest.raises(RuntimeError), replaced(str(tmp_path / "summary.csv")) as tmp:
+        with open(tmp, "w") as f:
+            f.write("half")
+        raise RuntimeError("killed mid-write")
+    assert os.listdir(tmp_path) == ["summary.csv"] and (tmp_path / "summary.csv").read_text() == "old\n"
+
+
+def test_a_damaged_job_dir_is_one_paragraph_naming_its_file(tmp_path, capsys):
+    job(tmp_path, "0", ["seed=0"], "eval/loss", [3.0, 2.0], "completed")
+    bad = tmp_path / "0" / ".hydra" / "overrides.yaml"
+    bad.write_text('- !!python/object/apply:os.system ["touch ran"]\n')
+    with pytest.raises(SystemExit) as info:
+        report_main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {str(bad)!r} cannot be read as a Hydra job's overrides (ConstructorError")
+    assert not os.path.exists("ran")
+
+
+def test_a_cut_metrics_line_and_a_damaged_study_db_do_not_hide_the_rest(tmp_path, capsys):
+    job(tmp_path, "0", ["seed=0"], "eval/loss", [3.0, 2.0], "completed")
+    with open(tmp_path / "0" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 20, "eval/lo')  # a kill mid-line
+    (tmp_path / "optuna.db").write_bytes(b"\x00not sqlite" * 100)
+    with pytest.warns(UserWarning, match=r"optuna.db cannot be read \(\(sqlite3.DatabaseError\) file is not a "
+                                         r"database\): no Optuna plots"):
+        report_main([str(tmp_path)])
+    assert "wrote summary.csv, curves.png\n" in capsys.readouterr().out
+    assert [j.curve for j in read_sweep(str(tmp_path))] == [[(0, 3.0), (10, 2.0)]]
+
+
+@pytest.mark.parametrize("case", ["damaged", "locked"])
+def test_a_study_db_that_cannot_be_opened_is_one_paragraph(tmp_path, case):
+    import sqlite3
+
+    db = tmp_path / "optuna.db"
+    if case == "damaged":
+        db.write_bytes(b"\x00not sqlite" * 100)
+    else:
+        open_study(str(tmp_path), "stack", "minimize", 0)
+        holder = sqlite3.connect(db)
+        holder.execute("BEGIN EXCLUSIVE")
+    words = "it is not a study of this sweep" if case == "damaged" else "another sweep still running there holds it"
+    with pytest.raises(ConfigError, match=f"The Optuna study 'stack' in '{db}' cannot be opened .*; {words}"):
+        open_study(str(tmp_path), "stack", "minimize", 0)

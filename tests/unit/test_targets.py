@@ -7,7 +7,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from stack.config.targets import check_before_run
+from stack.config.pre_run import check_before_run
 from stack.config.validate import validate
 from stack.errors import ConfigError
 from stack.run.build import build

@@ -26,12 +26,14 @@ class OptunaSweeper(Sweeper):
         from omegaconf import OmegaConf  # Hydra imports every plugin at start-up: the sweep's code loads here
 
         from stack.config.schema import objective_of
+        from stack.errors import ConfigError, exit_on
         from stack.launch.sweeper import open_study, run_trials, search_space, study_direction
 
-        space, fixed = search_space(arguments)
         sweep_dir = str(self.config.hydra.sweep.dir)
-        direction = study_direction(self.direction, objective_of(self.config))
-        study = open_study(sweep_dir, self.study_name, direction, self.seed)
+        with exit_on(ConfigError):  # one paragraph, exit 2 (Hydra would print the traceback)
+            space, fixed = search_space(arguments)
+            study = open_study(sweep_dir, self.study_name, study_direction(self.direction, objective_of(self.config)),
+                               self.seed)
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
         run_trials(study, space, fixed, self.launcher.launch, self.n_trials, self.n_jobs)
         return study
