@@ -18,7 +18,7 @@ floors below its own, never one on its own floor, so nothing imports upward and 
     launch                         local processes, SLURM, cloud, sweeper, report, the Hydra job
     run                            build (config -> Experiment), modes, warm start
     tools                          generate, hf export, quantize, the recipes catalogue
-    cli                            the Hydra entry (`__main__.py` defines `main`)
+    cli                            the Hydra entry (`__main__.py` defines `main`), the Python API (`stack.train`, ...)
 
 `engine` knows `algorithms.base`, never a concrete algorithm; `models` import no config (no
 omegaconf, no schema). An import inside a function keeps a heavy import off a light path and
@@ -46,3 +46,15 @@ class MovedModules(MetaPathFinder):
 
 if not any(isinstance(f, MovedModules) for f in sys.meta_path):
     sys.meta_path.append(MovedModules())
+
+
+API = ("compose", "load_recipe", "train", "generate", "export_hf")
+
+
+def __getattr__(name: str) -> object:
+    """`stack.compose` and the rest of the API (stack.cli.api), imported at first use."""
+    if name in API:
+        from stack.cli import api  # Hydra and the tools: only when the API is used, not on `import stack`
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'stack' has no attribute {name!r}")

@@ -18,6 +18,10 @@ class RunDirRefused(ConfigError):
     resume): the job leaves it as it is, its status.json included."""
 
 
+class RunDirInUse(RunDirRefused):
+    """The run dir is held by a live run (its lock): it may be free later."""
+
+
 class RunFailed(Exception):
     """A run that stopped for a reason the user must act on (e.g. a NaN loss): one paragraph, exit 1."""
 

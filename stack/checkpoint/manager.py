@@ -38,7 +38,8 @@ FIXED_KEYS = ("model", "algorithm", "optimizer", "quantization", "data", "seed",
 # batches them there, so the worker count decides which records form a batch.)
 FREE_DATA_KEYS = ("read_threads", "prefetch")
 FREE_KEYS = ("optimizer.schedule.total_steps",  # follows trainer.steps
-             "model.remat", "model.scan_layers")  # how the step computes, not what it computes
+             "model.remat", "model.scan_layers",  # how the step computes, not what it computes
+             "model.init_from")  # where step 0's params came from: a resume restores its own
 # 2: the state is a TrainState (params under `policy/`, step, key, algorithm state; gradient
 # accumulation inside the step). 1 (no `format` in meta): params + optax.MultiSteps state.
 FORMAT = 2

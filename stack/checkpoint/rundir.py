@@ -7,6 +7,7 @@ host while it runs and is emptied on a clean exit, so leftover text means its ow
 """
 
 import fcntl
+import itertools
 import os
 import socket
 import time
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from stack.checkpoint.job_status import read_status
-from stack.errors import ConfigError, RunDirRefused
+from stack.errors import ConfigError, RunDirInUse, RunDirRefused
 
 LOCK = ".lock"
 
@@ -29,7 +30,7 @@ def owned(run_dir: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunDirRefused(
+            raise RunDirInUse(
                 f"run_dir {run_dir!r} is in use by {previous or 'another process'}: a run dir has one "
                 "owner. Wait for that run to end (or stop it), or give this one another run_dir=PATH.") from None
         held = True
@@ -42,6 +43,19 @@ def owned(run_dir: str) -> Iterator[None]:
         if held:  # any exit Python sees (an error too) leaves an empty file; kill -9 leaves the pid
             os.ftruncate(fd, 0)
         os.close(fd)  # releases the lock
+
+
+def unclaimed(path: str, key: str) -> str:
+    """`path`, else `path-1`, `path-2`, ...: the first one this call creates (`os.mkdir` is atomic),
+    so two runs started in the same second on Hydra's default `outputs/DATE/H-M-S` get a dir each."""
+    creatable(os.path.dirname(path) or ".", key)
+    for i in itertools.count():
+        try:
+            os.mkdir(path if i == 0 else f"{path}-{i}")
+            return path if i == 0 else f"{path}-{i}"
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def creatable(path: str, key: str, keep: bool = True) -> None:

@@ -15,7 +15,7 @@ def check_before_run(cfg: DictConfig) -> None:
     (importing what they name): a refused one stops the run before its run dir or lock exists."""
     if has_stage(cfg):
         try:
-            stage = stage_config(cfg, cfg.run_dir or ".")
+            stage = stage_config(cfg)
             validate(stage)
             check_before_run(stage)
         except ConfigError as exc:

@@ -1,8 +1,11 @@
 """The config of a recipe's warm-start stage (`warm_start.recipe`, e.g. SFT before GRPO): its recipe
 and overrides, composed with the main run's model, mesh, hardware and seed (stack.run.warm_start
-trains it). Composed before the run too, so its targets are checked before anything exists."""
+trains it), and its key: the digest of that resolved config and stack's version, which names the
+one dir every run asking for the same stage shares. Composed before the run too, so its targets
+are checked before anything exists."""
 
-import os
+import hashlib
+import importlib.metadata
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -12,10 +15,9 @@ from stack.config.schema import CONFIG_MODULE
 from stack.errors import ConfigError
 
 
-def stage_config(cfg: DictConfig, run_dir: str) -> DictConfig:
-    """The warm-start stage's config: its recipe, the main run's model/mesh/hardware/seed."""
-    overrides = [f"+recipe={cfg.warm_start.recipe}", *cfg.warm_start.overrides,
-                 f"run_dir={os.path.join(run_dir, 'warm_start')}", "checkpoint=local", "logger=jsonl"]
+def stage_config(cfg: DictConfig) -> DictConfig:
+    """The warm-start stage's config (no run dir yet): its recipe, the main run's model/mesh/hardware/seed."""
+    overrides = [f"+recipe={cfg.warm_start.recipe}", *cfg.warm_start.overrides, "checkpoint=local", "logger=jsonl"]
     try:
         if GlobalHydra.instance().is_initialized():
             stage = compose(config_name="config", overrides=overrides)
@@ -30,6 +32,16 @@ def stage_config(cfg: DictConfig, run_dir: str) -> DictConfig:
             stage[key] = cfg[key]
         stage.model = OmegaConf.merge(cfg.model, {"init_from": None})
     return stage
+
+
+def stage_key(stage: DictConfig) -> str:
+    """16 hex digits naming `stage`: its resolved config without a run dir, and stack's version."""
+    try:
+        version = importlib.metadata.version("stack")
+    except importlib.metadata.PackageNotFoundError:  # a bare checkout, not installed
+        version = "source"
+    text = OmegaConf.to_yaml(OmegaConf.merge(stage, {"run_dir": None}), resolve=True)
+    return hashlib.sha256(f"{version}\n{text}".encode()).hexdigest()[:16]
 
 
 def has_stage(cfg: DictConfig) -> bool:

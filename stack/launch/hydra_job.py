@@ -17,7 +17,7 @@ from hydra.core.utils import run_job
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
-from stack.checkpoint.rundir import creatable
+from stack.checkpoint.rundir import creatable, unclaimed
 
 CONFIG_NAME = "config"
 
@@ -41,8 +41,12 @@ def into_run_dir(cfg: DictConfig, job: DictConfig, overrides: list[str]) -> None
     its config.yaml) and no `app.log` (its warnings are on the console), so nothing goes to
     `outputs/`, a training run refused there (stack.checkpoint.rundir) writes nothing, and the ranks of
     launcher=local, any mode, share PATH without a log file. PATH is checked here, before Hydra makes
-    it (`run_dir` named in the error)."""
-    if not job.run_dir or any(sets_job_dir(o) for o in overrides):
+    it (`run_dir` named in the error). Without either, Hydra's default dir is claimed (`unclaimed`)."""
+    if any(sets_job_dir(o) for o in overrides):
+        return
+    if not job.run_dir:  # Hydra's default outputs/DATE/H-M-S: a dir of its own, `-N` added when taken
+        with read_write(cfg.hydra):
+            cfg.hydra.run.dir = unclaimed(str(cfg.hydra.run.dir), "hydra.run.dir")
         return
     creatable(job.run_dir, "run_dir")
     with read_write(cfg.hydra), open_dict(cfg.hydra):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from stack.checkpoint.rundir import unclaimed
 from stack.errors import ConfigError
 from stack.launch.cloud import cloud_command, launch_cloud
 from stack.launch.hydra_job import sets_job_dir
@@ -165,12 +166,14 @@ def launcher_for(cfg: Any, argv: list[str]) -> Callable[[], int] | None:
     if "-m" in argv or "--multirun" in argv:
         raise ConfigError("'launcher'='local' runs one job on several processes, not a sweep (-m): "
                           "run each job of the sweep with its own command, or drop launcher= for a sweep.")
-    return partial(launch_local, launcher, argv, job_dir(cfg.run_dir, argv))
+    return lambda: launch_local(launcher, argv, job_dir(cfg.run_dir, argv))
 
 
 def job_dir(run_dir: str | None, argv: list[str]) -> str:
     """The run dir of a launched job: `run_dir`, else the last `hydra.run.dir=` of `argv` (its
-    `${now:FORMAT}` resolved as Hydra resolves it), else Hydra's default outputs/DATE/TIME."""
+    `${now:FORMAT}` resolved as Hydra resolves it), else Hydra's default outputs/DATE/TIME, claimed
+    (a `-N` added when another run took it: stack.checkpoint.rundir.unclaimed)."""
     given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
     path = run_dir or (given[-1] if given else "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}")
-    return re.sub(r"\$\{now:([^}]*)\}", lambda m: time.strftime(m.group(1)), path)
+    path = re.sub(r"\$\{now:([^}]*)\}", lambda m: time.strftime(m.group(1)), path)
+    return path if run_dir or given else unclaimed(path, "hydra.run.dir")

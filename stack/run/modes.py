@@ -103,14 +103,20 @@ def compile_for_target(cfg: DictConfig) -> int:
     return compile_report(build(cfg, run_dir="", abstract=True, devices=target_devices(cfg.hardware)))
 
 
-def run(cfg: DictConfig) -> Any:
-    """Run `cfg` per its `mode`; for training return the objective (`trainer.objective`)."""
-    if cfg.mode == "validate":
-        return check(cfg)
+def prepare(cfg: DictConfig) -> None:
+    """Before the first computation: CPU dispatch and compiler flags (read once), the other processes
+    of a multi-process run joined, the persistent compilation cache."""
     configure_cpu_dispatch(cfg)  # before the first computation: jax reads it when the CPU backend starts
     configure_cpu_compiler(cfg)  # before the first compile: XLA reads its flags once
     init_distributed()  # a launcher=local rank: join the other processes before any computation
     enable_compilation_cache(cfg.trainer.compilation_cache)
+
+
+def run(cfg: DictConfig) -> Any:
+    """Run `cfg` per its `mode`; for training return the objective (`trainer.objective`)."""
+    if cfg.mode == "validate":
+        return check(cfg)
+    prepare(cfg)
     if cfg.mode == "compile":
         return compile_for_target(cfg)  # 0: fits, 1: does not fit
     summary = train_run(cfg)
@@ -127,7 +133,7 @@ def run(cfg: DictConfig) -> Any:
         write_status(summary.run_dir, summary.status, objective=name, value=objective, step=summary.final_step,
                      seconds=summary.perf.get("seconds"), message=summary.message, devices=jax.device_count(),
                      cores=worker_cores())
-    print(describe(summary, name), file=sys.stdout)
-    if summary.status == "stopped_nonfinite":
+    if summary.status == "stopped_nonfinite":  # its paragraph alone (a `done:` line first named another step)
         raise RunFailed(summary.message)
+    print(describe(summary, name), file=sys.stdout)
     return objective

@@ -58,6 +58,7 @@ def snapshot(cfg: DictConfig) -> dict[str, Any]:
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     flat.pop("run_dir", None)
+    flat.pop("warm_start.dir", None)
     return flat
 
 
@@ -71,7 +72,7 @@ def shrunk_run(name: str, run_dir: str) -> dict[str, Any]:
     """Run the recipe shrunk by SHRINK into `run_dir`: its expectation (as `record` writes it)."""
     from stack.run.modes import run  # jax and the whole run: off the catalogue's light path
 
-    cfg = recipe_config(name, [*SHRINK, f"run_dir={run_dir}"])
+    cfg = recipe_config(name, [*SHRINK, f"run_dir={run_dir}", f"warm_start.dir={run_dir}/warm_starts"])  # no reuse
     run(cfg)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]

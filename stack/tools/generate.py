@@ -16,6 +16,7 @@ an open assistant turn, as GRPO prompts are (HF apply_chat_template, add_generat
 
 import argparse
 import os
+from typing import Any
 
 from stack.errors import ConfigError, exit_on
 
@@ -70,7 +71,15 @@ def encode_prompts(prompts: list[str], tokenizer, template: tuple[str, str] | No
     return [r["prompt_ids"][r["prompt_mask"] > 0].tolist() for r in rows]
 
 
-def sample(model, tokenizer, encoded: list[list[int]], args: argparse.Namespace, limit: int) -> list[list[str]]:
+def bad_sampling(args: Any, flags: bool = True) -> list[str]:
+    """`--flag=value` (`flags` False: `name=value`) of each sampling setting of `args` out of its range."""
+    checks = (("temperature", args.temperature >= 0), ("top_k", args.top_k >= 0), ("top_p", 0 < args.top_p <= 1),
+              ("num_samples", args.num_samples >= 1))
+    return [f"--{name.replace('_', '-')}={getattr(args, name)}" if flags else f"{name}={getattr(args, name)}"
+            for name, ok in checks if not ok]
+
+
+def sample(model, tokenizer, encoded: list[list[int]], args: Any, limit: int) -> list[list[str]]:
     """`args.num_samples` completions of each encoded prompt (text up to the first EOS)."""
     import jax  # after argparse: --help and argument errors answer without jax
     import jax.numpy as jnp
@@ -114,11 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                              "LlamaForSequenceClassification dir): score this completion of each prompt "
                              "instead of sampling; repeat for several")
     args = parser.parse_args(argv)
-    bad = [f"{flag}={value}" for flag, value, ok in (
-        ("--temperature", args.temperature, args.temperature >= 0), ("--top-k", args.top_k, args.top_k >= 0),
-        ("--top-p", args.top_p, 0 < args.top_p <= 1),
-        ("--num-samples", args.num_samples, args.num_samples >= 1)) if not ok]
-    if bad:
+    if bad := bad_sampling(args):
         parser.error(f"{', '.join(bad)}: --temperature must be >= 0 (0: greedy), --top-k >= 0 (0: off), --top-p in "
                      "(0, 1] (1.0: off) and --num-samples >= 1.")
     with exit_on(ConfigError):

@@ -130,7 +130,9 @@ def test_help_says_what_stack_is_and_lists_the_recipes(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("stack: compose an experiment from config groups")
     assert "powered by Hydra." not in res.stdout
-    assert re.search(r"^recipe: .*llama_dpo.*llama_sft", res.stdout, re.M)  # Hydra's group list follows
+    assert re.search(r"^recipe \(\+recipe=NAME\): .*llama_dpo.*llama_sft", res.stdout, re.M)
+    groups = res.stdout.split("== The composed config")[0]
+    assert re.search(r"^model: hf, llama3_1b", groups, re.M) and "schema" not in groups  # user-facing groups only
     assert os.listdir(tmp_path) == []
 
 

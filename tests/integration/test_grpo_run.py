@@ -40,18 +40,25 @@ def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path):
 
 
 @pytest.mark.slow  # main tier: a faster sibling covers it; CI runs the slow tier
-def test_the_recipe_trains_its_warm_start_first_and_a_rerun_reuses_it(tmp_path):
-    run_dir = tmp_path / "run"
-    cmd = ["+recipe=llama_grpo", "trainer.steps=2", "trainer.eval_every=0", "trainer.eval_batches=1",
-           "data.batch_size=4", "algorithm.num_generations=2", "logger=jsonl",
-           "warm_start.overrides=['trainer.steps=3','trainer.eval_batches=1']", f"run_dir={run_dir}"]
+def test_the_recipe_trains_its_warm_start_first_and_other_runs_reuse_it(tmp_path):
+    """The stage is trained once into the shared dir of its key; the same command again and another
+    run (PPO asks for the same stage) reuse it (issue 81 item 4)."""
+    common = ["trainer.steps=2", "trainer.eval_every=0", "trainer.eval_batches=1", "data.batch_size=4",
+              "logger=jsonl", "warm_start.overrides=['trainer.steps=3','trainer.eval_batches=1']",
+              f"warm_start.dir={tmp_path}/warm"]
+    cmd = ["+recipe=llama_grpo", "algorithm.num_generations=2", *common, f"run_dir={tmp_path}/run"]
     res = run_cli(cmd, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"warm start: +recipe=llama_sft in {run_dir}/warm_start" in res.stdout
-    warm = read_metrics(run_dir / "warm_start")
+    (stage,) = (tmp_path / "warm").iterdir()
+    assert f"warm start: +recipe=llama_sft in {stage} (model.init_from is not set)" in res.stdout
+    assert f"({stage}); the run starts from it" in res.stdout
+    warm = read_metrics(stage)
     assert max(r["step"] for r in warm) == 3 and "eval/loss" in warm[0]
-    saved = (run_dir / "config.yaml").read_text()
-    assert f"init_from: {run_dir}/warm_start/checkpoints" in saved and "name: llama_small" in saved
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"init_from: {stage}/checkpoints" in saved and "name: llama_small" in saved
     res = run_cli(cmd, cwd=str(tmp_path))  # the same command again: nothing is retrained
     assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
-    assert read_metrics(run_dir / "warm_start") == warm
+    ppo = run_cli(["+recipe=llama_ppo", *common, f"run_dir={tmp_path}/ppo"], cwd=str(tmp_path))
+    assert ppo.returncode == 0, ppo.stderr[-3000:]
+    assert f"warm start: reusing +recipe=llama_sft from {stage} (trained earlier)" in ppo.stdout
+    assert read_metrics(stage) == warm and len(list((tmp_path / "warm").iterdir())) == 1

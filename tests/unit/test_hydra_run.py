@@ -1,11 +1,13 @@
 """A plain run is composed once (stack.launch.hydra_job): the preflight's composition is the config Hydra
 runs, and its job runs as `@hydra.main`'s would (its run dir, HydraConfig, mode RUN)."""
 
+import os
+
 from hydra import compose, initialize_config_module
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from stack.cli import app
 from stack.launch import hydra_job
@@ -59,3 +61,19 @@ def test_run_dir_is_hydras_job_dir_in_every_mode_with_no_log_file(tmp_path):
         job, whole = app.composed(overrides)
         hydra_job.into_run_dir(whole, job, overrides)
         assert whole.hydra.run.dir == f"{tmp_path}/mine" and "file" in whole.hydra.job_logging.handlers
+
+
+def test_two_runs_in_the_same_second_get_a_default_dir_each(tmp_path, monkeypatch):
+    """Hydra's default outputs/DATE/H-M-S is claimed with os.mkdir; the next run that second gets `-1`
+    (both wrote into one dir, and the second was refused as its owner's, issue 81)."""
+    monkeypatch.chdir(tmp_path)
+    dirs = []
+    with initialize_config_module(app.CONFIG_MODULE, version_base=None):
+        for _ in range(2):
+            job, whole = app.composed(["trainer.steps=3"])
+            with open_dict(whole.hydra):
+                whole.hydra.run.dir = "outputs/day/10-00-00"  # as `${now:...}` resolves it, in one second
+            hydra_job.into_run_dir(whole, job, ["trainer.steps=3"])
+            dirs.append(whole.hydra.run.dir)
+    assert dirs == ["outputs/day/10-00-00", "outputs/day/10-00-00-1"]
+    assert sorted(os.listdir(tmp_path / "outputs" / "day")) == ["10-00-00", "10-00-00-1"]

@@ -83,6 +83,15 @@ def recipe_files() -> dict[str, str]:
     return {p.name[:-5]: p.read_text() for p in root.iterdir() if p.name.endswith(".yaml")}
 
 
+def group_options() -> str:
+    """`python -m stack --help`'s group list: each user-facing group with its options, then the
+    recipes (Hydra's own list also showed the internal `schema` groups)."""
+    root = files(CONFIG_MODULE)
+    options = {g: sorted(p.name[:-5] for p in root.joinpath(g).iterdir() if p.name.endswith(".yaml")) for g in GROUPS}
+    lines = [f"{group}: {', '.join(options[group])}" for group in sorted(GROUPS)]
+    return "\n".join([*lines, f"recipe (+recipe=NAME): {', '.join(sorted(recipe_files()))}"])
+
+
 def register() -> None:
     """Store every schema and the resolvers; make the recipes composable as `+recipe=NAME`.
 
@@ -95,6 +104,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("stack_eval", paired_eval, replace=True)
     OmegaConf.register_new_resolver("stack_mesh", mesh_axis_size, replace=True)
     OmegaConf.register_new_resolver("stack_chips", topology_chips, replace=True)
+    OmegaConf.register_new_resolver("stack_groups", group_options, replace=True)
     cs = ConfigStore.instance()
     if not files(CONFIG_MODULE).joinpath("recipe").is_dir():
         for name, text in recipe_files().items():
@@ -116,5 +126,5 @@ __all__ = [
     "HardwareConfig", "LauncherConfig", "LoggerConfig", "MeshConfig", "ModelConfig", "OptimizerConfig",
     "QuantizationConfig", "RewardConfig", "RopeScalingConfig", "SFTConfig", "DPOConfig", "GRPOConfig",
     "PPOConfig", "RMConfig", "TierConfig", "TrainerConfig", "register", "CONFIG_MODULE",
-    "mesh_axis_size", "paired_eval", "recipe_files", "shipped_data", "topology_chips",
+    "group_options", "mesh_axis_size", "paired_eval", "recipe_files", "shipped_data", "topology_chips",
 ]

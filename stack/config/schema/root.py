@@ -25,6 +25,9 @@ class WarmStartConfig:
 
     recipe: Optional[str] = None  # a recipe name; null: no warm start
     overrides: List[str] = field(default_factory=list)  # extra overrides of that stage
+    # where warm starts are kept, one dir per stage config (<dir>/<key>), shared by every run that
+    # asks for the same one; null: <cache root>/warm_starts (stack.run.warm_start)
+    dir: Optional[str] = None
 
 
 @dataclass
