@@ -58,6 +58,7 @@ from stack.algorithms.onpolicy import (
 from stack.algorithms.reference import Reference
 from stack.algorithms.rlmath import clipped_surrogate, group_advantages, high_entropy, kl_estimate, masked_mean
 from stack.config.schema.algorithm import GRPOConfig
+from stack.data.tokenizers import stop_ids
 from stack.rollout import Sampling, generate, sample_keys
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
@@ -90,7 +91,7 @@ class GRPO:
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The tokenizer and reward functions for scoring (or the reward model); the reference only when beta > 0."""
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
-        self.sampling = replace(self.sampling, eos_ids=(ctx.tokenizer.eos_id,), pad_id=ctx.tokenizer.pad_id)
+        self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id)
         frozen = {**(self.reference.setup(policy, ctx) if self.beta else {}), **reward_model(policy, ctx)}
         if host_rules(ctx.rewards) is None:  # a reward model alone: nothing scored on the host
             self.score = self.scores_spec = None

@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics
+from stack.data.tokenizers import stop_ids
 from stack.hardware.mesh import from_process_rows, process_rows
 from stack.models.modules import is_abstract
 from stack.rewards.model import ModelReward
@@ -88,12 +89,12 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
         (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]), rows)
     n, local = completion.shape[:2]
     group = local // next(iter(host.values())).shape[1]
-    eos = tokenizer.eos_id
+    eos = stop_ids(tokenizer)
     prompts = [tokenizer.decode(p[m > 0].tolist()) for p, m in zip(ids.reshape(n * local, -1),
                                                                    prompt_mask.reshape(n * local, -1), strict=True)]
     completion_rows = list(zip(completion.reshape(n * local, -1), mask.reshape(n * local, -1), strict=True))
     completion_ids = [c[m > 0].tolist() for c, m in completion_rows]  # EOS included, as TRL
-    completions = [tokenizer.decode(c[(m > 0) & (c != eos)].tolist()) for c, m in completion_rows]
+    completions = [tokenizer.decode(c[(m > 0) & ~np.isin(c, eos)].tolist()) for c, m in completion_rows]
     host = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
     inputs = reward_inputs(prompts, completions, {**host, "completion_ids": completion_ids})
     return from_process_rows(rewards(*inputs).reshape(n, local, -1), rows)

@@ -64,6 +64,7 @@ from stack.algorithms.rlmath import (
     masked_whiten,
 )
 from stack.config.schema.rlhf import PPOConfig
+from stack.data.tokenizers import stop_ids
 from stack.errors import ConfigError
 from stack.models.heads import Critic, make_head
 from stack.models.modules import copy_module
@@ -106,7 +107,7 @@ class PPO:
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The value model (trained), the reference and a reward model (frozen), the KL coefficient."""
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
-        self.sampling = replace(self.sampling, eos_ids=(ctx.tokenizer.eos_id,), pad_id=ctx.tokenizer.pad_id)
+        self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id)
         shared = ctx.quant.base is not None if self.shared_trunk is None else self.shared_trunk
         if not shared and ctx.quant.base is not None:
             raise ConfigError("'algorithm.shared_trunk'=false with LoRA would train a full value trunk beside the "

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -65,6 +66,7 @@ def quiet_failed_reads() -> None:
     those are dropped."""
     sys.unraisablehook = aborted_write
     logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
+    warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
 
 
 def unreadable_step(path: str, step: int, steps: list[int], exc: Exception) -> ConfigError:

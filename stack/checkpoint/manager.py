@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from omegaconf import DictConfig, OmegaConf
 
-from stack.checkpoint.errors import aborted_write, check_format, writing
+from stack.checkpoint.errors import aborted_write, check_format, quiet_failed_reads, writing
 from stack.checkpoint.saved_params import checkpoints_of
 from stack.errors import ConfigError, RunDirRefused
 
@@ -204,6 +204,7 @@ class Checkpointer:
             except ConfigError:
                 raise
             except Exception as exc:  # a truncated or deleted file: try the previous step
+                quiet_failed_reads()  # the step's other reads die later, each with a traceback at exit
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 reason = reason.split(" See full TensorStore details")[0][:300]  # the rest is a repr
                 warnings.warn(f"checkpoint step {step} in {path} cannot be restored ({reason}); "

@@ -153,7 +153,8 @@ def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,
               eos_token_id: int | None = None, pad_token_id: int | None = None, reward: bool = False) -> dict:
     """`config.json` of a LlamaForCausalLM equal to the model described by `cfg`, in the form
     transformers 5 writes itself (`LlamaForCausalLM.save_pretrained`): every key it writes, sorted,
-    `rope_parameters` holding theta and scaling, `dtype`; all but its `transformers_version`.
+    `rope_parameters` holding theta and scaling (and `rope_theta` beside it, as transformers 4 wrote
+    it), `dtype`; all but its `transformers_version`.
     `reward`: a LlamaForSequenceClassification with one label (a reward model, as TRL's
     RewardTrainer saves one)."""
     ours = _ours(cfg)
@@ -165,7 +166,8 @@ def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,
            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
            "use_cache": True, "max_position_embeddings": cfg.max_seq_len, "initializer_range": cfg.init_std,
            "dtype": dtype, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
-           "pad_token_id": pad_token_id, "rope_parameters": dict(sorted(rope.items()))}
+           "pad_token_id": pad_token_id, "rope_parameters": dict(sorted(rope.items())),
+           "rope_theta": rope["rope_theta"]}  # also top-level: tools that read only it fell back to 10000
     if reward:
         hf |= {"architectures": ["LlamaForSequenceClassification"], "id2label": {"0": "LABEL_0"},
                "label2id": {"LABEL_0": 0}}

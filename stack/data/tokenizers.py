@@ -139,16 +139,25 @@ def dir_tokenizer(root: str) -> Tokenizer:
 
 
 def _model_specials(tok: Tokenizer, root: str) -> Tokenizer:
-    """In a Hugging Face model dir, the bos/eos ids of its config.json win over the names found
-    (a list of eos ids, as Llama 3 Instruct writes: its first)."""
-    path = os.path.join(root, "config.json")
-    if not os.path.isfile(path):
-        return tok
-    with open(path) as f:
-        config = json.load(f)
-    for key, attr in (("bos_token_id", "bos_id"), ("eos_token_id", "eos_id")):
-        value = config.get(key)
-        value = value[0] if isinstance(value, list) and value else value
-        if isinstance(value, int) and 0 <= value < tok.vocab_size:
-            setattr(tok, attr, value)
+    """In a Hugging Face model dir, the bos/eos ids of its generation_config.json, else its
+    config.json, win over the names found. A list of eos ids (Llama 3 Instruct's: end of text,
+    end of message, end of turn) is kept whole as `eos_ids`, where generation stops (`stop_ids`);
+    its first is `eos_id`, the one training appends."""
+    for name in ("config.json", "generation_config.json"):  # the second wins
+        path = os.path.join(root, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            config = json.load(f)
+        bos, eos = config.get("bos_token_id"), config.get("eos_token_id")
+        if isinstance(bos, int) and 0 <= bos < tok.vocab_size:
+            tok.bos_id = bos
+        eos = [i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int) and 0 <= i < tok.vocab_size]
+        if eos:
+            tok.eos_id, tok.eos_ids = eos[0], tuple(eos)
     return tok
+
+
+def stop_ids(tok: Tokenizer) -> tuple[int, ...]:
+    """The ids generation stops at: every eos id of the tokenizer's model dir, else its `eos_id`."""
+    return tuple(getattr(tok, "eos_ids", ()) or (tok.eos_id,))

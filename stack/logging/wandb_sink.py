@@ -87,8 +87,8 @@ class WandbSink:
     def close(self, summary: dict[str, float] | None = None) -> None:
         """Writes `summary` into the run summary and finishes the run.
 
-        Offline, also waits until the run's log is on disk: wandb-core writes it out just
-        after `finish()` returns.
+        Offline, also waits until the run's log is on disk (wandb-core writes it out just
+        after `finish()` returns), then says where it is and the `wandb sync` command.
         """
         if summary:
             self._run.summary.update(summary)
@@ -101,6 +101,8 @@ class WandbSink:
                 warnings.warn(f"wandb run {self.run_id} not flushed after {_FLUSH_TIMEOUT_S:.0f} s", RuntimeWarning)
                 return
             time.sleep(0.005)
+        print(f"wandb: offline run {self.run_id} in {self.run_dir}; upload it with: wandb sync {self.run_dir}",
+              flush=True)
 
 
 def _new_run_id() -> str:

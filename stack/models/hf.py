@@ -7,6 +7,7 @@ no permutation; torch `Linear.weight` is [out, in], our kernels are [in, out] (t
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from typing import Any
@@ -23,6 +24,7 @@ from stack.config.hf_config import check_config, hf_config, read_config
 from stack.errors import ConfigError, bad_choice
 from stack.models.shape import LlamaShape
 
+SHARD_BYTES = 5 * 10**9  # one file up to 5 GB, then shards of at most that (the Hugging Face Hub's usual size)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -137,25 +139,50 @@ def _load(root: str, cfg: LlamaShape, params: dict[str, tuple[nnx.Variable, bool
 
 def export_hf(model: nnx.Module, cfg: LlamaShape, out_dir: str, tokenizer_dir: str | None = None,
               dtype: str = "float32", specials: dict[str, int | None] | None = None,
-              score: np.ndarray | None = None) -> None:
-    """Write `model` as a HF LlamaForCausalLM: config.json (`specials`: bos/eos/pad_token_id),
-    model.safetensors (in `dtype`) and the tokenizer files found in `tokenizer_dir`. Params must be
-    addressable from this process. With a reward model's `score` [1, d_model]: a
+              score: np.ndarray | None = None, shard_bytes: int = SHARD_BYTES) -> None:
+    """Write `model` as a HF LlamaForCausalLM: config.json (`specials`: bos/eos/pad_token_id), the
+    weights in `dtype` (model.safetensors, or above `shard_bytes` shards and their
+    model.safetensors.index.json, as `save_pretrained` writes them) and the tokenizer files found
+    in `tokenizer_dir`. Params must be addressable from this process; one shard at a time is
+    copied to host memory. With a reward model's `score` [1, d_model]: a
     LlamaForSequenceClassification (its `score.weight` in place of `lm_head.weight`), what
     `AutoModelForSequenceClassification.from_pretrained` loads (TRL's reward model layout)."""
     if dtype not in DTYPES:
         raise bad_choice("dtype", dtype, DTYPES)
-    tensors = {}
-    for name, (var, transpose) in _params(model).items():
-        arr = np.asarray(jax.device_get(var.get_value()))
-        tensors[name] = np.ascontiguousarray((arr.T if transpose else arr).astype(DTYPES[dtype]))
+    params: dict[str, Any] = {n: (v.get_value(), t) for n, (v, t) in _params(model).items()}
     if score is not None:
-        tensors.pop("lm_head.weight", None)
-        tensors["score.weight"] = np.ascontiguousarray(score.astype(DTYPES[dtype]))
+        params.pop("lm_head.weight", None)
+        params["score.weight"] = (score, False)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(hf_config(cfg, dtype, **(specials or {}), reward=score is not None), f, indent=2)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    _write_weights(params, out_dir, DTYPES[dtype], shard_bytes)
     for name in TOKENIZER_FILES if tokenizer_dir else ():
         if os.path.exists(os.path.join(tokenizer_dir, name)):
             shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
+
+
+def _write_weights(params: dict[str, tuple[Any, bool]], out_dir: str, dtype: Any, shard_bytes: int) -> None:
+    """The tensors (name -> (array, transpose)) as model.safetensors, or as shards of at most
+    `shard_bytes` (a larger tensor alone) named as transformers names them, with their index."""
+    size = lambda name: math.prod(params[name][0].shape) * np.dtype(dtype).itemsize  # noqa: E731
+    shards: list[list[str]] = [[]]
+    for name in params:
+        if shards[-1] and sum(map(size, shards[-1])) + size(name) > shard_bytes:
+            shards.append([])
+        shards[-1].append(name)
+    files = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    for file, names in zip(files, shards, strict=True):
+        tensors = {}
+        for name in names:
+            arr, transpose = params[name]
+            arr = np.asarray(jax.device_get(arr))
+            tensors[name] = np.ascontiguousarray((arr.T if transpose else arr).astype(dtype))
+        save_file(tensors, os.path.join(out_dir, file), metadata={"format": "pt"})
+        del tensors  # this shard's host copy, before the next one's
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(map(size, params))},
+                 "weight_map": {name: file for file, names in zip(files, shards, strict=True) for name in names}}
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)

@@ -86,6 +86,7 @@ def sample(model, tokenizer, encoded: list[list[int]], args: Any, limit: int) ->
     import numpy as np
     from flax import nnx
 
+    from stack.data.tokenizers import stop_ids
     from stack.rollout import Sampling, generate, sample_keys
 
     width = max(map(len, encoded))
@@ -97,11 +98,12 @@ def sample(model, tokenizer, encoded: list[list[int]], args: Any, limit: int) ->
     mask = (np.arange(width)[None] >= width - np.array([len(e) for e in rows])[:, None]).astype(np.int32)
     keys = sample_keys(jax.random.key(args.seed), jnp.repeat(jnp.arange(len(encoded)), args.num_samples),
                        jnp.tile(jnp.arange(args.num_samples), len(encoded)))
-    s = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.top_p,
-                 (tokenizer.eos_id,), tokenizer.pad_id)
+    stops = stop_ids(tokenizer)
+    s = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.top_p, stops,
+                 tokenizer.pad_id)
     out = nnx.jit(lambda m, i, k, key: generate(m, i, k, key, s))(model, ids, mask, keys)
     tokens, keep = np.asarray(out.tokens), np.asarray(out.mask) > 0
-    texts = [tokenizer.decode(row[m & (row != tokenizer.eos_id)].tolist()) for row, m in zip(tokens, keep, strict=True)]
+    texts = [tokenizer.decode(row[m & ~np.isin(row, stops)].tolist()) for row, m in zip(tokens, keep, strict=True)]
     return [texts[i * args.num_samples:(i + 1) * args.num_samples] for i in range(len(encoded))]
 
 

@@ -1,6 +1,7 @@
 """`python -m stack.tools.hf export RUN/checkpoints --out DIR`: a run's checkpoint as a Hugging Face
-Llama directory (config.json, model.safetensors, and the tokenizer files if the run used a
-local tokenizer) that `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads without
+Llama directory (config.json, model.safetensors or shards with their index, generation_config.json,
+the tokenizer: its files, or for the byte tokenizer a tokenizer.json; a built-in chat template as
+chat_template.jinja) that `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads without
 warnings: config.json in the form transformers 5 writes, with the tokenizer's bos/eos/pad ids.
 A reward model (algorithm=rm) is written as a LlamaForSequenceClassification with one label, as
 TRL's RewardTrainer saves one (`AutoModelForSequenceClassification.from_pretrained(DIR)` scores
@@ -12,7 +13,9 @@ dequantized). Importing is `model.init_from=hf:DIR` on any run.
 """
 
 import argparse
+import json
 import os
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +27,7 @@ VALUE = ("value", "head", "kernel")  # PPO's value head, written beside the poli
 
 
 def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "float32",
-           merge_adapters: bool = False, overwrite: bool = False) -> int:
+           merge_adapters: bool = False, overwrite: bool = False, shard_bytes: int = 5 * 10**9) -> int:
     """Write the policy of `checkpoints` (newest step, or `step`) to `out` (a reward model with its
     score head, a PPO value head beside it); return the step. A LoRA/QLoRA run needs `merge_adapters`: its
     checkpoint holds adapters only, exported as W + (alpha / rank) A B (stack.quant.merge); a PTQ
@@ -32,10 +35,10 @@ def export(checkpoints: str, out: str, step: int | None = None, dtype: str = "fl
     replaced only with `overwrite`, and only once the export is complete (stack.tools.outdir)."""
     check_out(out, overwrite)  # before minutes of reading
     with fresh_dir(out, overwrite) as tmp:
-        return _write(checkpoints, tmp, step, dtype, merge_adapters)
+        return _write(checkpoints, tmp, step, dtype, merge_adapters, shard_bytes)
 
 
-def _write(checkpoints: str, out: str, step: int | None, dtype: str, merge_adapters: bool) -> int:
+def _write(checkpoints: str, out: str, step: int | None, dtype: str, merge_adapters: bool, shard_bytes: int) -> int:
     from stack.checkpoint.policy import float_policy
     from stack.checkpoint.saved_params import read_params
     from stack.models.hf import export_hf  # after argparse: --help and argument errors answer without jax
@@ -49,7 +52,8 @@ def _write(checkpoints: str, out: str, step: int | None, dtype: str, merge_adapt
                      else tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer))
     score = _head(saved.tree, SCORE)
     export_hf(model, cfg.model, out, tokenizer_dir=tokenizer_dir, dtype=dtype, specials=specials(tokenizer),
-              score=None if score is None else score.T)
+              score=None if score is None else score.T, shard_bytes=shard_bytes)
+    _beside_weights(out, cfg, tokenizer_dir)
     value = _head(saved.tree, VALUE)
     if value is not None:
         from safetensors.numpy import save_file  # after argparse: --help and argument errors answer without jax
@@ -59,6 +63,23 @@ def _write(checkpoints: str, out: str, step: int | None, dtype: str, merge_adapt
         weight = np.ascontiguousarray(value.T.astype(DTYPES[dtype]))  # HF's score.weight layout [1, d_model]
         save_file({"score.weight": weight}, os.path.join(out, "value_head.safetensors"), metadata={"format": "pt"})
     return saved.step
+
+
+def _beside_weights(out: str, cfg: Any, tokenizer_dir: str | None) -> None:
+    """generation_config.json (every eos id of the tokenizer's model dir, else the tokenizer's one:
+    stack.data.tokenizers.stop_ids),
+    the byte tokenizer as tokenizer.json, a built-in chat template as chat_template.jinja."""
+    from stack.data.tokenizers import make_tokenizer, stop_ids
+    from stack.tools.hf_files import chat_jinja, generation_config, write_byte_tokenizer  # tokenizers: export only
+
+    tok = make_tokenizer(cfg.data.tokenizer)
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(generation_config(tok.bos_id, list(stop_ids(tok)), tok.pad_id), f, indent=2)
+    if cfg.data.tokenizer == "byte":
+        write_byte_tokenizer(out, cfg.model.max_seq_len)
+    if cfg.data.get("chat_template") not in (None, "tokenizer"):  # the tokenizer's own is in its files
+        with open(os.path.join(out, "chat_template.jinja"), "w") as f:
+            f.write(chat_jinja(cfg.data.chat_template))
 
 
 def specials(tokenizer: str) -> dict[str, int]:
@@ -87,9 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--merge-adapters", action="store_true",
                     help="a LoRA/QLoRA run: write the base weights with the adapters merged in")
     ex.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (once the export is done)")
+    ex.add_argument("--max-shard-gb", type=float, default=5.0,
+                    help="weights above this go into shards of at most it, with model.safetensors.index.json")
     args = parser.parse_args(argv)
     with exit_on(ConfigError):
-        step = export(args.checkpoints, args.out, args.step, args.dtype, args.merge_adapters, args.overwrite)
+        step = export(args.checkpoints, args.out, args.step, args.dtype, args.merge_adapters, args.overwrite,
+                      int(args.max_shard_gb * 10**9))
     print(f"exported step {step} of {args.checkpoints} to {args.out}")
 
 

@@ -17,6 +17,7 @@ from stack.errors import ConfigError
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python_api.md"
 
 
+@pytest.mark.slow  # ~25 s: a 60-step run, generation and an export (CI's slow tier runs it)
 def test_the_documented_example_runs_and_learns(tmp_path, monkeypatch):
     (code,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     monkeypatch.chdir(tmp_path)

@@ -130,3 +130,40 @@ def test_lora_export_with_merged_adapters_matches_the_adapted_model(tmp_path):
         load_params(init_model(cfg.model, 0), str(a / "checkpoints"))  # e.g. model.init_from=<a LoRA run>
     policy, _, _ = load_policy(str(a / "checkpoints"))  # what stack.tools.generate samples from: merged here
     np.testing.assert_allclose(np.asarray(policy(tokens)), want, atol=1e-4)
+
+
+def test_export_is_what_transformers_writes_beside_the_weights_and_shards_above_a_size(tmp_path):
+    """Issue 81 item 3: generation_config.json, the byte tokenizer as a tokenizer transformers loads
+    (the same ids), the run's chat template (apply_chat_template gives the ids `generate --chat`
+    encodes), and shards with their index above `shard_bytes`, loaded with the same logits."""
+    from stack.data.tokenizers import ByteTokenizer
+    from stack.tools.generate import encode_prompts
+    from stack.tools.hf import export
+
+    a = tmp_path / "a"
+    res = run_cli(RUN + ["trainer.steps=2", "checkpoint=local", "data.chat_template=chatml", "data.seq_len=256",
+                        f"run_dir={a}"],
+                  cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "hf"
+    assert export(str(a / "checkpoints"), str(out), shard_bytes=300_000) == 2
+    generation = transformers.GenerationConfig.from_pretrained(out)
+    assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id) == (1, 2, 0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    text = "héllo, 12+7=19\n"
+    assert tokenizer(text)["input_ids"] == [1, *ByteTokenizer().encode(text)]
+    assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+    message = [{"role": "user", "content": "What is 2+3?"}]
+    chat = tokenizer.apply_chat_template(message, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert chat == encode_prompts(["What is 2+3?"], ByteTokenizer(), ("chatml", "byte"), 2048)[0]
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) >= 2 and set(index["weight_map"].values()) == set(shards)
+    assert not (out / "model.safetensors").exists()
+    cfg = make_cfg(RUN)
+    ours = init_model(cfg.model, 1)
+    load_params(ours, str(a / "checkpoints"))
+    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=(2, 16))
+    theirs = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(np.asarray(ours(tokens)), theirs(torch.tensor(tokens)).logits.numpy(), atol=1e-4)

@@ -37,7 +37,7 @@ def test_null_for_a_key_without_null_names_what_it_takes():
     assert error_of(["trainer.steps=null"]) == "'trainer.steps' cannot be null: it takes a value of type int."
     assert "type float" in error_of(["optimizer.lr=null"])
     msg = error_of(["warm_start=null"])  # a section: its keys (warm_start.recipe=null turns it off)
-    assert msg.startswith("'warm_start' cannot be null") and "(recipe, overrides)" in msg
+    assert msg.startswith("'warm_start' cannot be null") and "(recipe, overrides, dir)" in msg
 
 
 def test_a_sweep_and_a_config_print_cannot_be_combined():

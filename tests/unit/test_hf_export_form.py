@@ -35,6 +35,9 @@ def test_config_json_is_the_form_transformers_writes(tie, scaling, dtype, tmp_pa
     transformers.AutoConfig.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "theirs")
     theirs = json.loads((tmp_path / "theirs" / "config.json").read_text())
     theirs.pop("transformers_version")
+    # rope_theta also top-level, as transformers 4 wrote it (tools that read only it fell back to
+    # 10000); transformers 5 keeps it in rope_parameters alone
+    assert ours.pop("rope_theta") == ours["rope_parameters"]["rope_theta"] and "rope_theta" not in theirs
     assert ours == theirs  # same keys, same values, same (sorted) order
     assert list(ours) == sorted(ours) and ours["rope_parameters"]["rope_type"] == ("llama3" if scaling else "default")
     assert {k: ours[k] for k in SPECIALS} == SPECIALS and ours["dtype"] == dtype

@@ -128,7 +128,7 @@ def test_model_hf_uses_the_dirs_tokenizer_with_its_config_ids(hf_dir, tmp_path):
 
     from tokenizers import Tokenizer, models
 
-    from stack.data.tokenizers import make_tokenizer
+    from stack.data.tokenizers import make_tokenizer, stop_ids
 
     path = tmp_path / "instruct"
     shutil.copytree(hf_dir[0], path)
@@ -136,8 +136,12 @@ def test_model_hf_uses_the_dirs_tokenizer_with_its_config_ids(hf_dir, tmp_path):
     Tokenizer(models.WordLevel(vocab, unk_token="a")).save(str(path / "tokenizer.json"))
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "bos_token_id": 1, "eos_token_id": [3, 2]}))
+    (path / "generation_config.json").unlink(missing_ok=True)  # save_pretrained's, with the old ids
     cfg = composed(["model=hf", f"model.path={path}"])
     assert cfg.data.tokenizer == str(path)  # data.tokenizer=byte (the default) gives way to the dir's
     tok = make_tokenizer(cfg.data.tokenizer)
     assert (tok.bos_id, tok.eos_id) == (1, 3)  # config.json's ids (by name alone eos would be </s> = 2)
+    assert stop_ids(tok) == (3, 2)  # generation stops at either (it stopped at the first alone, issue 81)
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 3]}))
+    assert stop_ids(make_tokenizer(str(path))) == (2, 3)  # generation_config.json wins, as in transformers
     assert composed(["model=hf", f"model.path={hf_dir[0]}"]).data.tokenizer == "byte"  # no tokenizer there

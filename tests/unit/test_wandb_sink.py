@@ -39,12 +39,14 @@ def metrics(history, key):
     return [(row["_step"], row[key]) for row in history if key in row]
 
 
-def test_offline_run_round_trips(tmp_path):
+def test_offline_run_round_trips(tmp_path, capsys):
     sink = WandbSink(make_cfg(), str(tmp_path / "job"), CONFIG, group="sweep-1", name="job-0")
     sink.log(0, {"train/loss": 2.5})
     sink.log(10, {"train/loss": 1.25})
     sink.log(20, {"train/loss": 0.123456789, "eval/loss": 0.75})
     sink.close(summary={"eval/best_loss": 0.75, "tokens": 12345})
+    assert capsys.readouterr().out.splitlines()[-1] == (f"wandb: offline run {sink.run_id} in {sink.run_dir}; "
+                                                        f"upload it with: wandb sync {sink.run_dir}")
 
     assert Path(sink.run_dir).name.startswith("offline-run-") and sink.run_id in sink.run_dir
     run = read_offline_run(tmp_path / "job")
