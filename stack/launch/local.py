@@ -4,11 +4,11 @@ The launcher picks a free coordinator port and a run dir, then starts `python -m
 launcher=none` N times with STACK_COORDINATOR / STACK_NUM_PROCESSES / STACK_PROCESS_ID set;
 each process calls `jax.distributed.initialize` from them (`init_distributed`, stack.run.modes)
 before any computation, so the mesh spans every process's devices. Rank 0 writes to this
-console, rank i to `<run_dir>/rank<i>.log`. When a rank fails, the others are stopped
-(SIGTERM, then SIGKILL after `launcher.grace_seconds`); the exit code is the failing rank's.
-Ctrl-C or SIGTERM to the launcher goes on to every rank (they save, as on a preemption, and the
-launcher waits for them), and a rank whose launcher dies, even by SIGKILL, gets SIGTERM from the
-kernel (Linux): no rank outlives it.
+console (without Gloo's connection line: stack.launch.relay), rank i to `<run_dir>/rank<i>.log`.
+When a rank fails, the others are stopped (SIGTERM, then SIGKILL after `launcher.grace_seconds`);
+the exit code is the failing rank's. Ctrl-C or SIGTERM to the launcher goes on to every rank (they
+save, as on a preemption, and the launcher waits for them), and a rank whose launcher dies, even by
+SIGKILL, gets SIGTERM from the kernel (Linux): no rank outlives it.
 """
 
 import ctypes
@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -27,6 +28,7 @@ from stack.checkpoint.rundir import unclaimed
 from stack.errors import ConfigError
 from stack.launch.cloud import cloud_command, launch_cloud
 from stack.launch.hydra_job import sets_job_dir
+from stack.launch.relay import relay
 from stack.launch.slurm import export_ranks
 
 ENV = ("STACK_COORDINATOR", "STACK_NUM_PROCESSES", "STACK_PROCESS_ID")
@@ -79,19 +81,21 @@ def rank_command(argv: list[str], run_dir: str) -> list[str]:
             "launcher=none"]
 
 
-def start(launcher: Any, argv: list[str], run_dir: str) -> list[subprocess.Popen]:
-    """The N rank processes (rank 0 on this console, the others into rank<i>.log)."""
+def start(launcher: Any, argv: list[str], run_dir: str) -> tuple[list[subprocess.Popen], threading.Thread]:
+    """The N rank processes (rank 0 on this console through `relay`, the others into rank<i>.log)
+    and the thread relaying rank 0's output."""
     port = launcher.port or free_port()
     os.makedirs(run_dir, exist_ok=True)
-    procs = []
+    procs, (console, relaying) = [], relay(sys.stdout.fileno())
     for rank in range(launcher.num_processes):
         env = {**os.environ, "STACK_COORDINATOR": f"127.0.0.1:{port}",
                "STACK_NUM_PROCESSES": str(launcher.num_processes), "STACK_PROCESS_ID": str(rank)}
-        out = None if rank == 0 else open(os.path.join(run_dir, f"rank{rank}.log"), "w")
+        out = console if rank == 0 else open(os.path.join(run_dir, f"rank{rank}.log"), "w")
         procs.append(subprocess.Popen(rank_command(argv, run_dir), env=env, stdout=out,
-                                      stderr=subprocess.STDOUT if out else None,
+                                      stderr=None if rank == 0 else subprocess.STDOUT,
                                       preexec_fn=partial(die_with, os.getpid())))
-    return procs
+    os.close(console)  # rank 0 holds it now: the relay ends when rank 0 (and what it started) does
+    return procs, relaying
 
 
 def die_with(launcher_pid: int) -> None:
@@ -141,7 +145,8 @@ def stop(procs: list[subprocess.Popen], grace: float) -> None:
 def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
     """Run the N ranks to the end; Ctrl-C and SIGTERM go on to them (they stop at the same round,
     save and exit: stack.engine.trainer.signals). The exit code of the job."""
-    procs = start(launcher, argv, run_dir)
+    sys.stdout.flush()
+    procs, relaying = start(launcher, argv, run_dir)
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, lambda signum, _: forward(procs, signum)) for sig in signals}
     try:
@@ -149,6 +154,7 @@ def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        relaying.join(timeout=5)  # the rest of rank 0's output
     print(f"launcher=local: {len(procs)} processes exited with {[p.returncode for p in procs]} ({run_dir})",
           file=sys.stderr)
     return code

@@ -133,7 +133,7 @@ def run(cfg: DictConfig) -> Any:
         write_status(summary.run_dir, summary.status, objective=name, value=objective, step=summary.final_step,
                      seconds=summary.perf.get("seconds"), message=summary.message, devices=jax.device_count(),
                      cores=worker_cores())
-    if summary.status == "stopped_nonfinite":  # its paragraph alone (a `done:` line first named another step)
-        raise RunFailed(summary.message)
+    if summary.status == "stopped_nonfinite":  # its paragraph alone: a `done:` line before it named another step
+        raise RunFailed(f"{summary.message} The run stopped after step {summary.final_step}.")
     print(describe(summary, name), file=sys.stdout)
     return objective

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from stack.checkpoint.job_status import read_status
+from stack.checkpoint.job_status import read_status, write_status
 from stack.config.validate import validate
 from stack.config.warm_start import has_stage, stage_config, stage_key
 from stack.errors import ConfigError, RunDirInUse
@@ -74,3 +74,4 @@ def _train_stage(stage: DictConfig, train_run: Any) -> None:
     if summary.status != "completed":
         raise ConfigError(f"the warm start in {stage.run_dir} stopped ({summary.status}: {summary.message}); "
                           "rerun the same command to resume it.")
+    write_status(stage.run_dir, "completed", step=summary.final_step)  # what the next run asking for it reads

@@ -58,7 +58,7 @@ def test_the_recipe_trains_its_warm_start_first_and_other_runs_reuse_it(tmp_path
     assert f"init_from: {stage}/checkpoints" in saved and "name: llama_small" in saved
     res = run_cli(cmd, cwd=str(tmp_path))  # the same command again: nothing is retrained
     assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
-    ppo = run_cli(["+recipe=llama_ppo", *common, f"run_dir={tmp_path}/ppo"], cwd=str(tmp_path))
+    ppo = run_cli(["+recipe=llama_ppo", *common, "trainer.steps=4", f"run_dir={tmp_path}/ppo"], cwd=str(tmp_path))
     assert ppo.returncode == 0, ppo.stderr[-3000:]
     assert f"warm start: reusing +recipe=llama_sft from {stage} (trained earlier)" in ppo.stdout
     assert read_metrics(stage) == warm and len(list((tmp_path / "warm").iterdir())) == 1

@@ -3,6 +3,7 @@ arbitrary step, SIGTERM preemption, a corrupt newest step, a config that changed
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -158,6 +159,7 @@ def test_nonfinite_loss_stops_without_saving_it(tmp_path):
                    "logger=jsonl", f"run_dir={run_dir}"], cwd=str(tmp_path))
     assert res.returncode == 1 and "non-finite" in res.stderr
     assert "done:" not in res.stdout  # the paragraph alone says how it ended (a done: line named another step)
+    assert re.search(r"at step \d+; stopped without saving .* The run stopped after step \d+\.$", res.stderr.strip())
     manager = ocp.CheckpointManager(str(run_dir / "checkpoints"))
     for step in manager.all_steps():
         state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore())).state

@@ -28,8 +28,7 @@ def test_a_stage_is_trained_once_then_reused_by_another_run(tmp_path, capsys):
 
     def train_run(stage):
         trained.append(stage.run_dir)
-        write_status(stage.run_dir, "completed")
-        return SimpleNamespace(status="completed", message="")
+        return SimpleNamespace(status="completed", message="", final_step=800)
 
     first = ws.warm_start(cfg, str(tmp_path / "a"), train_run)
     second = ws.warm_start(cfg, str(tmp_path / "b"), train_run)
