@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -81,9 +80,9 @@ def rank_command(argv: list[str], run_dir: str) -> list[str]:
             "launcher=none"]
 
 
-def start(launcher: Any, argv: list[str], run_dir: str) -> tuple[list[subprocess.Popen], threading.Thread]:
+def start(launcher: Any, argv: list[str], run_dir: str) -> tuple[list[subprocess.Popen], subprocess.Popen]:
     """The N rank processes (rank 0 on this console through `relay`, the others into rank<i>.log)
-    and the thread relaying rank 0's output."""
+    and the process relaying rank 0's output."""
     port = launcher.port or free_port()
     os.makedirs(run_dir, exist_ok=True)
     procs, (console, relaying) = [], relay(sys.stdout.fileno())
@@ -154,7 +153,10 @@ def launch_local(launcher: Any, argv: list[str], run_dir: str) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        relaying.join(timeout=5)  # the rest of rank 0's output
+        try:
+            relaying.wait(timeout=5)  # the rest of rank 0's output
+        except subprocess.TimeoutExpired:  # something rank 0 started still holds its output
+            relaying.kill()
     print(f"launcher=local: {len(procs)} processes exited with {[p.returncode for p in procs]} ({run_dir})",
           file=sys.stderr)
     return code

@@ -161,3 +161,24 @@ def test_a_damaged_study_db_is_one_paragraph_and_nothing_runs(tmp_path):
                                                          "cannot be opened ((sqlite3.DatabaseError) file is not a "
                                                          "database); it is not a study of this sweep"), res.stderr
     assert res.stderr.count("\n") == 1 and os.listdir(sweep) == ["optuna.db"]
+
+
+@pytest.mark.slow  # ~30 s: a sweep of 2 jobs, stopped, then finished
+def test_sigterm_to_a_sweep_of_hydras_basic_launcher_saves_the_job_and_starts_no_other(tmp_path):
+    """The job runs in the sweep's own process: its loop saves (as on preemption), then the sweep ends
+    with 143 instead of starting the next job (it did: a preempted job returned like a finished one)."""
+    sweep = tmp_path / "sweep"
+    argv = ["-m", "seed=0,1", f"hydra.sweep.dir={sweep}", "+recipe=llama_sft", "trainer.steps=300",
+            "trainer.eval_every=0", "trainer.eval_batches=1", "data.batch_size=8"]
+    proc = subprocess.Popen([sys.executable, "-m", "stack", *argv], cwd=str(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics, deadline = sweep / "0" / "metrics.jsonl", time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the loop is running (its handler saves on SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)", err[-2000:]
+    assert "checkpoint saved; rerun the same command to resume" in out and not (sweep / "1").exists()
+    res = run_cli(argv, cwd=str(tmp_path))
+    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-3000:]
+    assert [status(sweep / str(i))["status"] for i in range(2)] == ["completed"] * 2
