@@ -5,7 +5,7 @@ these lazily: no jax is imported until one is called).
     import stack
     cfg = stack.compose(["+recipe=llama_sft", "trainer.steps=60"])   # or stack.load_recipe("llama_sft")
     summary = stack.train(cfg, run_dir="runs/a")                    # a Summary: status, metrics, run_dir
-    stack.generate("runs/a", ["12+7="], greedy=True)                # [["19"]]: completions per prompt
+    stack.generate("runs/a", ["12+7="], greedy=True)                # [[text]]: completions per prompt
     stack.export_hf("runs/a", "runs/a/hf")                          # a Hugging Face Llama dir; the step
 
 Bad input raises `stack.errors.ConfigError` with the paragraph the command line prints.
