@@ -66,6 +66,16 @@ def train_losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in rows}
 
 
+def tensorboard_scalars(log_dir, tag: str) -> dict[int, float]:
+    """step -> value of scalar `tag` as TensorBoard reads the event files in `log_dir` (its purge of
+    orphaned steps included)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # only its tests
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
 def run_cli(args: list[str], cwd: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m stack ARGS` in a subprocess (quiet progress, offline wandb)."""
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}

@@ -29,6 +29,13 @@ def compilation_cache_dir() -> str:
     return os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(cache_root(), "jax")
 
 
+def disable_compilation_cache() -> None:
+    """No persistent cache in this process, JAX_COMPILATION_CACHE_DIR's included: for mode=compile to a
+    TPU topology or GPUs, whose executables jax can write but not load back without the device (a
+    warning per program)."""
+    jax.config.update("jax_enable_compilation_cache", False)
+
+
 def enable_compilation_cache(setting: str | None) -> str | None:
     """Point jax's persistent compilation cache at `setting` (`auto`: `<cache root>/jax`; `off`
     or null: none) unless the user configured one (JAX_COMPILATION_CACHE_DIR wins); the dir used."""

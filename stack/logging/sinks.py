@@ -1,10 +1,9 @@
-"""Metric sinks: metrics.jsonl and the console (progress bar on a TTY, quiet otherwise)."""
+"""The sink protocol, and metrics.jsonl (the console, TensorBoard and wandb sinks: their own modules)."""
 
 import json
 import math
 import os
-import sys
-from typing import Protocol, TextIO
+from typing import Protocol
 
 
 class Sink(Protocol):
@@ -42,40 +41,3 @@ class JsonlSink:
 
     def close(self, summary: dict[str, float] | None = None) -> None:
         self._f.close()
-
-
-class ConsoleSink:
-    """A one-line progress bar (steps, loss, tokens/s) redrawn on a TTY; eval lines always."""
-
-    def __init__(self, total_steps: int, progress: bool = True, stream: TextIO = sys.stdout):
-        self.total, self.stream = total_steps, stream
-        self.bar = progress and stream.isatty()
-        self._on_bar_line = False
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if self.bar and "train/loss" in metrics:
-            width = 24
-            done = int(width * step / max(self.total, 1))
-            tps = metrics.get("perf/tokens_per_sec", 0.0)
-            self.stream.write(
-                f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total} "
-                f"loss {metrics['train/loss']:.4f} | {tps:,.0f} tok/s"
-            )
-            self.stream.flush()
-            self._on_bar_line = True
-        evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-        if evals:
-            if self._on_bar_line:
-                self.stream.write("\n")
-                self._on_bar_line = False
-            shown = " ".join(f"{k} {v:.4f}" for k, v in sorted(evals.items()))
-            self.stream.write(f"step {step}: {shown}\n")
-            self.stream.flush()
-
-    def rewind(self, step: int) -> None:
-        pass
-
-    def close(self, summary: dict[str, float] | None = None) -> None:
-        if self._on_bar_line:
-            self.stream.write("\n")
-            self.stream.flush()

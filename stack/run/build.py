@@ -26,7 +26,8 @@ from stack.errors import ConfigError
 from stack.hardware.host_fit import available_bytes, check_host_memory
 from stack.hardware.mesh import check_layout, logical_rules, make_mesh
 from stack.hardware.platform import check_platform, train_flops_per_token, trained_length
-from stack.logging.sinks import ConsoleSink, JsonlSink, Sink
+from stack.logging.console import ConsoleSink
+from stack.logging.sinks import JsonlSink, Sink
 from stack.models.init import abstract_model
 from stack.optim.chain import make_optimizer
 from stack.quant.providers import Lora, NoQuantization, Qat, make_quantization
@@ -35,13 +36,19 @@ from stack.rewards.group import make_rewards
 
 def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | None,
                wandb_id: str | None = None) -> tuple[Sink, ...]:
-    """Loggers from the `logger` group (metrics.jsonl, console, wandb); process 0's only."""
+    """The sinks the `logger` list turns on (console, metrics.jsonl, TensorBoard, wandb); process 0's only."""
     if jax.process_index() != 0:
         return ()
     log = cfg.logger
-    sinks: list[Sink] = [ConsoleSink(cfg.trainer.steps, progress=log.progress)]
+    sinks: list[Sink] = []
+    if log.console:
+        sinks.append(ConsoleSink(cfg.trainer.steps, progress=log.progress, interval=log.progress_interval))
     if log.jsonl:
         sinks.append(JsonlSink(run_dir))
+    if log.tensorboard:
+        from stack.logging.tensorboard_sink import TensorBoardSink  # tensorboard's protos: only when logging to it
+
+        sinks.append(TensorBoardSink(run_dir))
     if log.wandb and log.mode != "disabled":
         from stack.logging.wandb_sink import WandbSink  # wandb (~1 s to import): only when logging to it
 

@@ -19,7 +19,7 @@ from stack.engine.aot import compile_report, target_devices
 from stack.engine.summary import Summary
 from stack.engine.trainer import train
 from stack.errors import ConfigError, RunFailed
-from stack.hardware.compile_cache import enable_compilation_cache
+from stack.hardware.compile_cache import disable_compilation_cache, enable_compilation_cache
 from stack.hardware.cpu_compiler import configure_cpu_compiler
 from stack.hardware.cpu_dispatch import configure_cpu_dispatch
 from stack.launch.children import Stopped, sweep_main
@@ -105,11 +105,14 @@ def compile_for_target(cfg: DictConfig) -> int:
 
 def prepare(cfg: DictConfig) -> None:
     """Before the first computation: CPU dispatch and compiler flags (read once), the other processes
-    of a multi-process run joined, the persistent compilation cache."""
+    of a multi-process run joined, the persistent compilation cache (none for another platform's compile)."""
     configure_cpu_dispatch(cfg)  # before the first computation: jax reads it when the CPU backend starts
     configure_cpu_compiler(cfg)  # before the first compile: XLA reads its flags once
     init_distributed()  # a launcher=local rank: join the other processes before any computation
-    enable_compilation_cache(cfg.trainer.compilation_cache)
+    if cfg.mode == "compile" and cfg.hardware.platform != "cpu":
+        disable_compilation_cache()
+    else:
+        enable_compilation_cache(cfg.trainer.compilation_cache)
 
 
 def run(cfg: DictConfig) -> Any:

@@ -43,7 +43,8 @@ def tracked(cfg: DictConfig) -> tuple[str, ...]:
 
 
 def snapshot(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config as dotted keys, machine-independent (shipped files by name, no run dir)."""
+    """The resolved config as dotted keys, machine-independent (shipped files by name, no run dir),
+    without `logger` (where metrics go changes none of them)."""
     flat: dict[str, Any] = {}
 
     shipped = re.compile(r"/\S*/(?:recipes|conf/recipe)/data/")  # a shipped file, by name
@@ -59,7 +60,7 @@ def snapshot(cfg: DictConfig) -> dict[str, Any]:
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     flat.pop("run_dir", None)
     flat.pop("warm_start.dir", None)
-    return flat
+    return {k: v for k, v in flat.items() if not k.startswith("logger.")}
 
 
 def machine() -> dict[str, str]:

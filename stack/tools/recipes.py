@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from stack.config.schema import GROUPS, recipe_files
+from stack.config.schema.logger import SINKS
 from stack.errors import ConfigError, exit_on, short
 from stack.tools.expectations import SHRINK, expected_dir, recipe_config, shrunk_run
 from stack.tools.recipe_compile import compiled_run, is_real_size
@@ -122,7 +123,8 @@ def show(name: str) -> str:
     known([name])
     text = recipe_files()[name]
     cfg = composed(name)
-    choices = "  ".join(f"{g}={cfg[g].name}" for g in GROUPS)
+    sinks = ",".join(s for s in SINKS if cfg.logger[s])  # logger is a list of sinks, the rest one option each
+    choices = "  ".join(f"{g}={cfg[g].name}" if g != "logger" else f"logger=[{sinks}]" for g in GROUPS)
     t = cfg.trainer
     settings = (f"trainer.steps={t.steps} optimizer.lr={cfg.optimizer.lr} data.batch_size={cfg.data.batch_size} "
                 f"data.seq_len={cfg.data.seq_len} seed={cfg.seed}")

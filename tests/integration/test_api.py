@@ -2,8 +2,6 @@
 `import stack` imports no jax; bad input raises the command line's paragraph."""
 
 import ast
-import contextlib
-import io
 import re
 import subprocess
 import sys
@@ -17,16 +15,28 @@ from stack.errors import ConfigError
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python_api.md"
 
 
-@pytest.mark.slow  # ~25 s: a 60-step run, generation and an export (CI's slow tier runs it)
-def test_the_documented_example_runs_and_learns(tmp_path, monkeypatch):
+@pytest.mark.slow  # ~10 s: a kernel, a 60-step run, generation and an export (CI's slow tier runs it)
+def test_the_documented_example_runs_in_a_notebook_and_learns(tmp_path):
+    """docs/python_api.md's example as one notebook cell, run by a real Jupyter kernel (nbclient +
+    ipykernel): the progress bar is tqdm's notebook widget, not text."""
+    import nbformat
+    from nbclient import NotebookClient
+
     (code,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, str(DOC), "exec"), {})
-    lines = [line for line in out.getvalue().splitlines() if not line.startswith(("step ", "resumed", "done"))]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    where = {"metadata": {"path": str(tmp_path)}}  # the kernel's working directory
+    NotebookClient(notebook, timeout=240, kernel_name="python3", resources=where).execute()
+    outputs = notebook.cells[0].outputs
+    widgets = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert widgets and "/60 [" in widgets[0]["data"]["text/plain"], outputs  # tqdm.notebook's bar, as first drawn
+    models = notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()
+    bars = [m["state"] for m in models if m["model_name"] == "FloatProgressModel"]
+    texts = [str(m["state"]["value"]).replace("\u2007", " ") for m in models if m["model_name"] == "HTMLModel"]
+    assert [(b["value"], b["max"]) for b in bars] == [(60, 60)] and any("60/60 [" in t and "tok/s" in t for t in texts)
+    text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream" and o["name"] == "stdout")
+    lines = [line for line in text.splitlines() if not line.startswith(("step ", " ", "resumed", "done"))]
     status, step, loss = lines[0].split()
-    assert (status, step) == ("completed", "60") and float(loss) < 3.0, out.getvalue()  # from ~5.9 at step 0
+    assert (status, step) == ("completed", "60") and float(loss) < 3.0, text  # from ~5.9 at step 0
     completions = ast.literal_eval(lines[1])
     assert len(completions) == 2 and all(len(c) == 1 and isinstance(c[0], str) for c in completions)
     assert lines[2] == "exported step 60" and (tmp_path / "runs" / "api" / "hf" / "config.json").is_file()

@@ -99,7 +99,7 @@ def test_task_returns_the_objective(tmp_path):
 
 def test_wandb_offline_run_has_config_and_history(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_cli(["logger=wandb", "trainer.steps=10", "trainer.log_every=5", f"run_dir={run_dir}"],
+    res = run_cli(["+logger=wandb", "trainer.steps=10", "trainer.log_every=5", f"run_dir={run_dir}"],
                   cwd=str(tmp_path), env={"WANDB_DIR": str(tmp_path), "HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr
     run = read_offline_run(run_dir / "wandb")
@@ -113,7 +113,7 @@ def test_wandb_offline_run_has_config_and_history(tmp_path):
 
 
 def test_wandb_group_is_the_sweep_name(tmp_path):
-    res = run_cli(["-m", "logger=wandb", "seed=0,1", "trainer.steps=2", "trainer.log_every=1",
+    res = run_cli(["-m", "+logger=wandb", "seed=0,1", "trainer.steps=2", "trainer.log_every=1",
                    f"hydra.sweep.dir={tmp_path}/sweep"], cwd=str(tmp_path),
                   env={"WANDB_DIR": str(tmp_path), "HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr

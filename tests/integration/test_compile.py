@@ -107,8 +107,12 @@ def test_tiny_on_v5e_2x2_fits(capsys):
 
 @tpu_extra
 def test_cli_mode_compile(tmp_path):
-    res = run_cli(TINY_V5E, cwd=str(tmp_path))
-    assert res.returncode == 0, res.stderr[-3000:]
+    cache = {"STACK_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # the second finds no cache entry it could not load (jax warned, reading one back)
+        res = run_cli(TINY_V5E, cwd=str(tmp_path), env=cache)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "compilation cache" not in res.stderr, res.stderr[-3000:]
+    assert not (tmp_path / "cache" / "jax").exists()  # compile-only devices' programs: never cached
     for words in ("per device (train step): arguments", "per device total:", "of 16.00 GiB HBM", "fits:"):
         assert words in res.stdout, res.stdout
     assert "could not determine TPU" not in res.stderr  # libtpu loaded quietly

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from stack.logging.wandb_reader import read_offline_run
-from tests.helpers import fake_devices, read_metrics, run_cli
+from tests.helpers import fake_devices, read_metrics, run_cli, tensorboard_scalars
 from tests.helpers import train_losses as losses
 
 ARGS = ["+recipe=llama_sft", "checkpoint=local", "checkpoint.every=7", "checkpoint.keep=3", "trainer.steps=30",
@@ -78,13 +78,14 @@ def reference(tmp_path_factory):
 
 def test_sigkill_then_rerun_gives_the_uninterrupted_losses(tmp_path, reference):
     run_dir = tmp_path / "run"
-    proc = start(ARGS + ["logger=wandb", f"run_dir={run_dir}"], str(tmp_path))
+    sinks = "logger=[jsonl,tensorboard,wandb]"
+    proc = start(ARGS + [sinks, f"run_dir={run_dir}"], str(tmp_path))
     wait_for_step(run_dir, 17, proc)
     wait_for_checkpoint(run_dir, proc)  # step 7's save commits in the background, steps later
     proc.kill()  # SIGKILL: no handler runs, an async save may be cut short
     proc.wait()
     assert len(losses(run_dir)) < 30
-    res = run_cli(ARGS + ["logger=wandb", f"run_dir={run_dir}"], cwd=str(tmp_path))
+    res = run_cli(ARGS + [sinks, f"run_dir={run_dir}"], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     assert "resumed from" in res.stdout and "(resumed after step" in res.stdout
     assert losses(run_dir) == reference  # exactly, step by step
@@ -94,6 +95,7 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_losses(tmp_path, reference):
     ids = {d.rsplit("-", 1)[-1] for d in runs if d.startswith("offline-run-")}
     assert len(ids) == 1, runs  # the wandb run continues under the same id
     assert read_offline_run(str(run_dir / "wandb" / runs[-1]))["summary"]
+    assert tensorboard_scalars(run_dir / "tensorboard", "train/loss") == pytest.approx(reference)  # purged, resumed
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

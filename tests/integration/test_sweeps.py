@@ -87,7 +87,7 @@ def test_wandb_runs_of_a_sweep_are_grouped_and_its_summary_is_a_table(tmp_path):
     from stack.logging.wandb_reader import read_offline_run
 
     sweep = tmp_path / "sweep"
-    res = run_cli(["-m", "optimizer.lr=1e-3,3e-3", "logger=wandb", f"hydra.sweep.dir={sweep}"] + SMALL,
+    res = run_cli(["-m", "optimizer.lr=1e-3,3e-3", "+logger=wandb", f"hydra.sweep.dir={sweep}"] + SMALL,
                   cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     for job, lr in (("0", "0.001"), ("1", "0.003")):

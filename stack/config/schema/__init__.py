@@ -3,6 +3,7 @@
 
 Each group option file starts with `defaults: [/schema/<group>@_here_, _self_]` so the
 option is typed by its schema (unknown keys and wrong types fail at compose time).
+`logger` is a list group: the root schema types it once, its options only turn sinks on.
 The root schema is `schema/root`, used by `conf/config.yaml`.
 """
 

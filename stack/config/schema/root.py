@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+from stack.config.schema.logger import LoggerConfig
+
 
 @dataclass
 class TrainerConfig:
@@ -47,7 +49,7 @@ class Config:
     hardware: Any = None
     algorithm: Any = None
     reward: Any = None
-    logger: Any = None
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # a list group: its options only set flags
     launcher: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
