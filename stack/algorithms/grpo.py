@@ -18,21 +18,26 @@
   reward function; here on device in collect, with the policy's tokenizer, as PPO's), alone or
   beside the functions as one more weighted column.
 - Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none.
-- Loss per token: −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) + β·KL(π‖π_ref) (k3 by default, in the
-  loss); β = 0 (the default) builds no reference at all. `importance_sampling_level=sequence`
+- Loss per token: −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) + β·ρ·KL(π‖π_ref) (k3 by default, in the
+  loss; ρ: `use_bias_correction_kl`, TRL 1.16's default); β = 0 (the default) builds no reference
+  at all. `cispo`: −sg(min(ρ, ε_high))·A·log π; `sapo`: −σ(τ(ρ−1))·4/τ·A. `importance_sampling_level=sequence`
   (TRL's, GSPO): one ρ per completion, exp of its tokens' mean log-ratio; `delta` caps the
   unclipped ρ (TRL's two-sided clipping, INTELLECT-2); `top_entropy_quantile` q < 1 keeps the
   surrogate on the tokens whose entropy is at or above the (1 − q) quantile of the micro-batch's
   (TRL's, "Beyond the 80/20 rule"; the KL term and the token counts stay). `loss_type`:
   `grpo` per-sequence token mean, then the mean; `dr_grpo` token sum / (sequences ×
-  max_new_tokens); `dapo` token sum / tokens of the whole minibatch (the default, as TRL);
-  `bnpo` token mean of each micro-batch.
+  max_new_tokens); `dapo` and `cispo` token sum / (tokens of the generation batch ÷
+  steps_per_generation) (TRL 1.16; dapo is the default); `bnpo` token mean of each micro-batch;
+  `sapo` as `grpo`.
   `mask_truncated_completions` (TRL's, from DAPO) leaves completions without EOS out of the
   loss and its token counts (not out of the advantages).
 - Schedule: `num_iterations` (μ) passes × `steps_per_generation` minibatches per round.
-- Metrics (TRL's names): reward, reward_std, rewards/<fn>/mean, frac_reward_zero_std, kl,
-  entropy, clip_ratio/{low,high,region}_mean, completions/{mean_length,clipped_ratio},
-  reward/errors (completions × functions that gave NaN).
+- Metrics as TRL 1.16 logs them: reward, reward_std (over the batch), rewards/<fn>/{mean,std},
+  frac_reward_zero_std (of the std the advantages divide by), kl, entropy,
+  clip_ratio/{low,high,region}_mean (a sequence-level ratio's: over sequences), clip_ratio/low_min,
+  clip_ratio/high_max, cispo_clip_ratio, completions/{mean,min,max}_length,
+  completions/{mean,min,max}_terminated_length, completions/clipped_ratio; stack's own:
+  reward/errors (completions × functions that gave NaN), logprob_mismatch.
 - Eval: greedy completions of the eval prompts, scored the same way (`eval/reward`).
 """
 
@@ -56,7 +61,16 @@ from stack.algorithms.onpolicy import (
     with_model_scores,
 )
 from stack.algorithms.reference import Reference
-from stack.algorithms.rlmath import clipped_surrogate, group_advantages, high_entropy, kl_estimate, masked_mean
+from stack.algorithms.rlmath import (
+    cispo_surrogate,
+    clipped_surrogate,
+    group_advantages,
+    high_entropy,
+    kl_estimate,
+    masked_mean,
+    nanstd,
+    sapo_surrogate,
+)
 from stack.config.schema.algorithm import GRPOConfig
 from stack.data.tokenizers import stop_ids
 from stack.rollout import Sampling, generate, sample_keys
@@ -70,7 +84,9 @@ class GRPO:
 
     def __init__(self, name: str = "grpo", num_generations: int = 8, max_new_tokens: int = 8,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, beta: float = 0.0,
-                 kl_estimator: str = "k3", epsilon: float = 0.2, epsilon_high: float | None = None,
+                 kl_estimator: str = "k3", use_bias_correction_kl: bool = True, epsilon: float = 0.2,
+                 epsilon_high: float | None = None, sapo_temperature_pos: float = 1.0,
+                 sapo_temperature_neg: float = 1.05,
                  loss_type: str = "dapo", scale_rewards: str = "group", num_iterations: int = 1,
                  steps_per_generation: int = 1, reference: dict[str, Any] | None = None,
                  mask_truncated_completions: bool = False, importance_sampling_level: str | None = None,
@@ -78,6 +94,7 @@ class GRPO:
         self.name, self.group, self.temperature = name, num_generations, temperature
         self.beta, self.kl_estimator, self.loss_type, self.scale = beta, kl_estimator, loss_type, scale_rewards
         self.eps_low, self.eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
+        self.bias_correction, self.sapo_tau = use_bias_correction_kl, (sapo_temperature_pos, sapo_temperature_neg)
         self.schedule = Schedule(num_iterations, steps_per_generation)
         self.keep_old = num_iterations * steps_per_generation > 1  # else old = stop_gradient(current)
         self.mask_truncated = mask_truncated_completions
@@ -130,44 +147,69 @@ class GRPO:
         """Group-relative advantages and the round's reward metrics (`scores` None: the reward model's)."""
         reward, metrics = scored_rewards(self.rewards, xp, scores)
         advantages, std = group_advantages(reward, self.group, self.scale)
-        metrics.update({"reward_std": std.mean(), "frac_reward_zero_std": jnp.isclose(std, 0.0).mean()})
+        zero_std = nanstd(reward) if self.scale == "batch" else std  # the std TRL divides by, or tests for 0
+        metrics.update({"reward_std": nanstd(reward), "frac_reward_zero_std": jnp.isclose(zero_std, 0.0).mean()})
         if "old_logps" in xp:
             metrics["logprob_mismatch"] = mismatch(xp, xp["old_logps"])
-        return {**xp, "advantages": advantages}, state, metrics
+        tokens = self._mask(xp).sum(-1)  # [.., rows]: each row carries the generation batch's mean, for dapo/cispo
+        return {**xp, "advantages": advantages, "row_tokens": jnp.full_like(tokens, tokens.mean())}, state, metrics
+
+    def _mask(self, xp: Batch) -> jax.Array:
+        """The tokens the loss counts: the completion's, none of a truncated one's with mask_truncated_completions."""
+        mask = xp["completion_mask"].astype(jnp.float32)
+        if self.mask_truncated:  # TRL mask_truncated_completions (DAPO): no loss on a completion without EOS
+            mask = jnp.where(xp["truncated"][..., None], 0.0, mask)
+        return mask
 
     def loss(self, models: nnx.Module, batch: Batch, frozen: Any, state: Any, key: jax.Array) -> tuple[Terms, Metrics]:
         logps, entropy = completion_logps(models.policy, batch, self.temperature)
-        mask = batch["completion_mask"].astype(jnp.float32)
-        if self.mask_truncated:  # TRL mask_truncated_completions (DAPO): no loss on a completion without EOS
-            mask = jnp.where(batch["truncated"][:, None], 0.0, mask)
+        mask = self._mask(batch)
         old = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(logps)
         log_ratio = logps - old
         if self.sequence_level:  # TRL importance_sampling_level=sequence (GSPO): [rows, 1]
             log_ratio = (log_ratio * mask).sum(-1, keepdims=True) / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
-        per_token, clip = clipped_surrogate(log_ratio, batch["advantages"][:, None], self.eps_low, self.eps_high,
-                                            self.delta)
+        per_token, metrics = self._surrogate(log_ratio, batch["advantages"][:, None], logps, mask)
         if self.top_entropy is not None:
             per_token = per_token * high_entropy(jax.lax.stop_gradient(entropy), mask, 1 - self.top_entropy)
-        metrics = {"entropy": masked_mean(entropy, mask),
-                   **{f"clip_ratio/{k}_mean": masked_mean(clip[k].astype(jnp.float32), mask)
-                      for k in ("low", "high", "region")}}
+        metrics["entropy"] = masked_mean(entropy, mask)
         if "old_logps" not in batch:  # the first pass over the samples: compare with the sampler here
             metrics["logprob_mismatch"] = mismatch(batch, jax.lax.stop_gradient(logps))
         if self.beta:
             kl = kl_estimate(logps, batch["ref_logps"], self.kl_estimator)
+            if self.bias_correction:  # TRL use_bias_correction_kl (DeepSeek-V3.2): unbiased off-policy, and a
+                kl = kl * jnp.exp(log_ratio)  # gradient through the ratio even where it equals 1
             per_token = per_token + self.beta * kl
             metrics["kl"] = masked_mean(kl, mask)
-        return self._aggregate(per_token * mask, mask), metrics
+        return self._aggregate(per_token * mask, mask, batch), metrics
 
-    def _aggregate(self, losses: jax.Array, mask: jax.Array) -> Terms:
+    def _surrogate(self, log_ratio: jax.Array, adv: jax.Array, logps: jax.Array,
+                   mask: jax.Array) -> tuple[jax.Array, Metrics]:
+        """Per-token policy loss of `loss_type` and its clipping metrics, as TRL logs them (a sequence-level
+        ratio's over sequences)."""
+        if self.loss_type == "sapo":
+            return sapo_surrogate(log_ratio, adv, *self.sapo_tau), {}
+        over = (lambda x: x.mean()) if self.sequence_level else (lambda x: masked_mean(x, mask))  # noqa: E731
+        if self.loss_type == "cispo":
+            per_token, clipped = cispo_surrogate(log_ratio, adv, logps, self.eps_high)
+            return per_token, {"cispo_clip_ratio": over(clipped.astype(jnp.float32))}
+        per_token, clip = clipped_surrogate(log_ratio, adv, self.eps_low, self.eps_high, self.delta)
+        clip = {k: clip[k].astype(jnp.float32) for k in ("low", "high", "region")}
+        of_rows = (lambda v: v[:, 0]) if self.sequence_level else (lambda v: (v * mask).sum(-1) / mask.sum(-1))  # noqa: E731
+        return per_token, {**{f"clip_ratio/{k}_mean": over(v) for k, v in clip.items()},
+                           "clip_ratio/low_min": jnp.nanmin(of_rows(clip["low"])),  # NaN rows: no token
+                           "clip_ratio/high_max": jnp.nanmax(of_rows(clip["high"]))}
+
+    def _aggregate(self, losses: jax.Array, mask: jax.Array, batch: Batch) -> Terms:
         """(numerator, denominator) of `loss_type` over a micro-batch; summed over micro-batches."""
-        if self.loss_type == "grpo":
+        if self.loss_type in ("grpo", "sapo"):
             return (losses.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).sum(), jnp.float32(losses.shape[0])
         if self.loss_type == "dr_grpo":
             return losses.sum(), jnp.float32(losses.size)  # sequences x max_new_tokens
         if self.loss_type == "bnpo":
             return losses.sum() / jnp.maximum(mask.sum(), 1.0), jnp.float32(1.0)
-        return losses.sum(), mask.sum()  # dapo
+        # dapo, cispo (TRL 1.16): the generation batch's tokens / steps_per_generation per optimizer step; the rows
+        # of a step carry its mean tokens per row (finalize). A batch not from finalize: its own tokens.
+        return losses.sum(), batch["row_tokens"].sum() if "row_tokens" in batch else mask.sum()
 
     def evaluate(self, models: nnx.Module, xp: Batch, scores: jax.Array | None, frozen: Any, state: Any) -> Metrics:
         return scored_rewards(self.rewards, xp, scores)[1]

@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics
+from stack.algorithms.rlmath import masked_mean, nanstd
 from stack.data.tokenizers import stop_ids
 from stack.hardware.mesh import from_process_rows, process_rows
 from stack.models.modules import is_abstract
@@ -125,6 +126,7 @@ def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array,
                **completion_metrics(xp)}
     for i, name in enumerate(rewards.names):
         metrics[f"rewards/{name}/mean"] = jnp.nanmean(scores[..., i])
+        metrics[f"rewards/{name}/std"] = nanstd(scores[..., i])
     return reward, metrics
 
 
@@ -143,5 +145,11 @@ def scored_rewards(rewards: Any, xp: Batch, scores: jax.Array | None) -> tuple[j
 
 
 def completion_metrics(xp: Batch) -> Metrics:
-    return {"completions/mean_length": xp["completion_mask"].sum(-1).mean(),
-            "completions/clipped_ratio": xp["truncated"].mean()}
+    """Completion lengths as TRL GRPOTrainer logs them: all, and of the terminated ones (0 if none)."""
+    lengths, ended = xp["completion_mask"].sum(-1).astype(jnp.float32), ~xp["truncated"].astype(bool)
+    any_ended = ended.any()
+    return {"completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
+            "completions/max_length": lengths.max(), "completions/clipped_ratio": xp["truncated"].mean(),
+            "completions/mean_terminated_length": jnp.where(any_ended, masked_mean(lengths, ended), 0.0),
+            "completions/min_terminated_length": jnp.where(any_ended, jnp.where(ended, lengths, jnp.inf).min(), 0.0),
+            "completions/max_terminated_length": jnp.where(any_ended, jnp.where(ended, lengths, -jnp.inf).max(), 0.0)}

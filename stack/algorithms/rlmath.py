@@ -76,6 +76,31 @@ def clipped_surrogate(log_ratio: Array, advantages: Array, eps_low: float, eps_h
     return loss, {"low": low, "high": high, "region": low | high, "ratio": ratio}
 
 
+def cispo_surrogate(log_ratio: Array, advantages: Array, logps: Array, eps_max: float) -> tuple[Array, Array]:
+    """Per-token −sg(min(ρ, ε_max))·A·log π and where ρ > ε_max with A > 0 (TRL GRPOTrainer
+    loss_type=cispo, MiniMax-M1: the ratio, not the advantage-scaled ratio, is clipped, and stops
+    the gradient; every token keeps the policy-gradient term)."""
+    ratio = jnp.exp(log_ratio)
+    weight = jax.lax.stop_gradient(jnp.minimum(ratio, eps_max))
+    return -weight * advantages * logps, (ratio > eps_max) & (advantages > 0)
+
+
+def sapo_surrogate(log_ratio: Array, advantages: Array, tau_pos: float, tau_neg: float) -> Array:
+    """Per-token −σ(τ(ρ − 1))·4/τ·A, τ = τ_pos where A > 0 else τ_neg (TRL GRPOTrainer loss_type=sapo,
+    Soft Adaptive Policy Optimization): a smooth gate instead of the clip, whose gradient at ρ = 1 is
+    the plain policy gradient's."""
+    tau = jnp.where(advantages > 0, tau_pos, tau_neg)
+    return -jax.nn.sigmoid(tau * (jnp.exp(log_ratio) - 1)) * 4 / tau * advantages
+
+
+def nanstd(x: Array) -> Array:
+    """The unbiased std of the non-NaN entries of `x` (TRL's `nanstd`); 0 with fewer than two."""
+    ok = ~jnp.isnan(x)
+    n = ok.sum()
+    mean = jnp.where(ok, x, 0.0).sum() / jnp.maximum(n, 1)
+    return jnp.sqrt(jnp.where(ok, (x - mean) ** 2, 0.0).sum() / jnp.maximum(n - 1, 1))
+
+
 def high_entropy(entropy: Array, mask: Array, q: float) -> Array:
     """1.0 where a masked-in token's entropy is at or above the `q` quantile (linear, as
     torch.quantile) of the masked-in entropies, else 0 (TRL GRPOTrainer.get_high_entropy_mask)."""

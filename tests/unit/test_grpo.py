@@ -87,7 +87,8 @@ def test_clip_higher_and_the_kl_term():
     dapo_high = (-1.0 - math.exp(0.2) + sum(SEQ[1])) / 5  # e^0.2 = 1.2214 < 1.28: not clipped
     assert float(loss) == pytest.approx(dapo_high, rel=1e-6)
     ref = np.array(LOGP, np.float32) - 0.1  # log pi_ref - log pi = -0.1 everywhere
-    loss_kl, m = loss_of(GRPO(beta=0.5, max_new_tokens=3), Scores(LOGP), {**BATCH, "ref_logps": ref})
+    plain = GRPO(beta=0.5, max_new_tokens=3, use_bias_correction_kl=False)  # bias correction: its own test
+    loss_kl, m = loss_of(plain, Scores(LOGP), {**BATCH, "ref_logps": ref})
     k3 = math.exp(-0.1) + 0.1 - 1
     assert float(m["kl"]) == pytest.approx(k3, rel=1e-5)
     assert float(loss_kl) == pytest.approx((sum(SEQ[0]) + sum(SEQ[1])) / 5 + 0.5 * k3, rel=1e-5)
@@ -110,11 +111,12 @@ def test_mask_truncated_completions_leaves_the_truncated_ones_out_of_the_loss(lo
 @pytest.mark.parametrize("epsilon,loss_type,expected,high", [
     (0.2, "dapo", (-2 * math.exp(0.1) + 3 * 2) / 5, 0.0),  # mean log-ratios: seq 0 (0 + 0.2) / 2, seq 1 0
     (0.2, "grpo", (-math.exp(0.1) + 2) / 2, 0.0),
-    (0.05, "dapo", (-2 * 1.05 + 3 * 2) / 5, 2 / 5),  # e^0.1 > 1.05 with A > 0: clipped, both of its tokens
+    (0.05, "dapo", (-2 * 1.05 + 3 * 2) / 5, 1 / 2),  # e^0.1 > 1.05 with A > 0: sequence 0 of 2 clipped
 ])
 def test_sequence_level_importance_sampling_by_hand(epsilon, loss_type, expected, high):
     """TRL importance_sampling_level=sequence (GSPO): one ratio per completion, exp of the mean of
-    its masked tokens' log π − log π_old, clipped and weighted as a token's ratio is."""
+    its masked tokens' log π − log π_old, clipped and weighted as a token's ratio is; the clip
+    metrics are over sequences (TRL 1.16's global_masked_mean of a [B, 1] ratio)."""
     grpo = GRPO(loss_type=loss_type, epsilon=epsilon, max_new_tokens=3, importance_sampling_level="sequence")
     loss, m = loss_of(grpo, Scores(LOGP), BATCH)
     assert float(loss) == pytest.approx(expected, rel=1e-6)
@@ -182,7 +184,8 @@ def test_finalize_with_a_reward_model_takes_its_scores():
     want = [1 / (math.sqrt(2) + 1e-4), -1 / (math.sqrt(2) + 1e-4), 0.0, 0.0]
     np.testing.assert_allclose(np.asarray(out["advantages"])[0], want, rtol=1e-6)
     assert float(m["reward"]) == float(m["rewards/reward_model/mean"]) == 0.0
-    assert float(m["frac_reward_zero_std"]) == 0.5 and float(m["reward_std"]) == pytest.approx(math.sqrt(2) / 2)
+    assert float(m["frac_reward_zero_std"]) == 0.5
+    assert float(m["reward_std"]) == pytest.approx(math.sqrt(6 / 3))  # TRL 1.16: the batch's std, mean 0
 
 
 def test_a_reward_model_beside_rule_functions_is_one_more_weighted_column():

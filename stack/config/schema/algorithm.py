@@ -169,9 +169,12 @@ class GRPOConfig(AlgorithmConfig):
     top_p: float = 1.0  # in (0, 1]; 1: off (sampling only, as top_k)
     beta: float = 0.0  # KL coefficient; 0: no reference model is built
     kl_estimator: str = "k3"  # k1 | k2 | k3 (in the loss, as TRL)
+    use_bias_correction_kl: bool = True  # TRL 1.16's default: the KL term times the importance ratio
     epsilon: float = 0.2  # clip range (low)
-    epsilon_high: Optional[float] = None  # None: = epsilon; DAPO clip-higher e.g. 0.28
-    loss_type: str = "dapo"  # grpo | dr_grpo | dapo | bnpo
+    epsilon_high: Optional[float] = None  # None: = epsilon; DAPO clip-higher e.g. 0.28; cispo: the ratio's cap
+    loss_type: str = "dapo"  # grpo | dr_grpo | dapo | bnpo | cispo | sapo
+    sapo_temperature_pos: float = 1.0  # sapo's gate temperature where the advantage is > 0 (TRL's default)
+    sapo_temperature_neg: float = 1.05  # and where it is <= 0
     scale_rewards: str = "group"  # group | batch | none
     num_iterations: int = 1  # mu: passes over each generation batch
     steps_per_generation: int = 1  # optimizer steps (minibatches) per generation batch
@@ -184,7 +187,7 @@ class GRPOConfig(AlgorithmConfig):
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     data_kinds: ClassVar[tuple[str, ...]] = ("prompt",)
     objective: ClassVar[str] = "eval/reward"
-    loss_types: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo", "dapo", "bnpo")
+    loss_types: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 
     @staticmethod
     def check(node: Any, cfg: Any) -> None:
@@ -213,11 +216,24 @@ class GRPOConfig(AlgorithmConfig):
         if node.top_entropy_quantile is not None and not 0 < node.top_entropy_quantile <= 1:
             raise ConfigError(f"'algorithm.top_entropy_quantile'={node.top_entropy_quantile}: null or in (0, 1], the "
                               "fraction of tokens (highest entropy first) the loss keeps; 1 or null: every token.")
+        check_loss_type(node)
         if node.delta is not None and not node.delta > 1:
             raise ConfigError(f"'algorithm.delta'={node.delta} caps the importance ratio: null (off) or > 1 "
                               "(TRL recommends > 1 + epsilon_high).")
         check_rounds(node, cfg, node.num_iterations * node.steps_per_generation,
                      "num_iterations x steps_per_generation")
+
+
+def check_loss_type(node: Any) -> None:
+    """cispo's cap and sapo's temperatures (TRL GRPOConfig's meanings)."""
+    if node.loss_type == "cispo" and (node.epsilon_high is None or node.epsilon_high <= 1):
+        raise ConfigError(
+            f"algorithm.loss_type=cispo caps each token's importance ratio at algorithm.epsilon_high (ε_max), which "
+            f"is {node.epsilon_high}; it must be set and > 1. TRL's fallback (epsilon_high = epsilon = 0.2) would "
+            "scale every token's gradient by at most 0.2; ScaleRL recommends algorithm.epsilon_high=5.0.")
+    if not (node.sapo_temperature_pos > 0 and node.sapo_temperature_neg > 0):
+        raise ConfigError(f"'algorithm.sapo_temperature_pos'={node.sapo_temperature_pos} and "
+                          f"'algorithm.sapo_temperature_neg'={node.sapo_temperature_neg} must be > 0.")
 
 
 def check_rounds(node: Any, cfg: Any, steps: int, what: str) -> None:

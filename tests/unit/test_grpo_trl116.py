@@ -1,0 +1,122 @@
+"""GRPO where TRL 1.16 differs from earlier TRL, and its cispo and sapo losses, against hand
+computations from TRL 1.16 GRPOTrainer._compute_loss's formulas (written from the formulas, not
+from the code): the bias-corrected KL, dapo's generation-batch normaliser, the metrics as logged."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stack.algorithms.grpo import GRPO
+from stack.config.validate import validate
+from stack.errors import ConfigError
+from tests.helpers import loss_of, make_cfg
+from tests.unit.test_grpo import BATCH, LOGP, Rewards, Scores
+
+A = np.array([1.0, -2.0])
+MASK = np.array([[1, 1, 0], [1, 1, 1]], np.float32)
+ON_POLICY = {**{k: v for k, v in BATCH.items() if k != "old_logps"}, "sampler_logps": np.array(LOGP, np.float32)}
+RHO = np.exp(np.array(LOGP) - BATCH["old_logps"])  # [[1, e^0.2, 1], [e^0.3, 1, e^-0.3]]
+
+
+def grad_of(grpo: GRPO, batch: dict, logps=LOGP) -> np.ndarray:
+    """d loss / d log π of each token, the policy's log-probs as the variable."""
+    return np.asarray(jax.grad(lambda lp: loss_of(grpo, Scores(lp), batch)[0])(jnp.asarray(logps, jnp.float32)))
+
+
+def test_bias_corrected_kl_changes_the_on_policy_gradient_by_beta_kl_over_tokens():
+    """TRL 1.16 use_bias_correction_kl (default): per-token β·ρ·k3. On-policy (old = sg(log π), ρ = 1)
+    the value is k3's, but d(ρ·k3)/d log π = k3 + (1 − e^d) = −d with d = log π_ref − log π: the k1
+    gradient, β·k3 more than without the correction. dapo over the 5 real tokens, A = (1, −2)."""
+    beta, d = 0.04, -0.3
+    on_policy = ON_POLICY
+    batch = {**on_policy, "ref_logps": np.array(LOGP, np.float32) + d}
+    k3 = math.exp(d) - d - 1
+    corrected = GRPO(beta=beta, max_new_tokens=3)
+    plain = GRPO(beta=beta, max_new_tokens=3, use_bias_correction_kl=False)
+    loss, m = loss_of(corrected, Scores(LOGP), batch)
+    assert float(loss) == pytest.approx((-2 * 1 - 3 * -2) / 5 + beta * k3, rel=1e-5)  # ρ = 1: the value is k3's
+    assert float(m["kl"]) == pytest.approx(k3, rel=1e-5)
+    want_plain = (-A[:, None] + beta * (1 - math.exp(d))) / 5 * MASK
+    np.testing.assert_allclose(grad_of(plain, batch), want_plain, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad_of(corrected, batch), (-A[:, None] - beta * d) / 5 * MASK, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad_of(corrected, batch) - grad_of(plain, batch), beta * k3 / 5 * MASK, rtol=1e-4)
+
+
+def test_bias_corrected_kl_off_policy_is_the_ratio_times_k3():
+    ref = np.array(LOGP, np.float32) - 0.1
+    _, m = loss_of(GRPO(beta=0.5, max_new_tokens=3), Scores(LOGP), {**BATCH, "ref_logps": ref})
+    k3 = math.exp(-0.1) + 0.1 - 1
+    assert float(m["kl"]) == pytest.approx((RHO * MASK).sum() * k3 / 5, rel=1e-5)
+
+
+def test_finalize_carries_the_generation_batchs_tokens_and_dapo_divides_a_step_by_them():
+    """TRL 1.16 dapo: normaliser = num_items_in_batch (the generation batch's loss tokens) ×
+    accumulation / steps_per_generation. Rows of 2 and 3 tokens, steps_per_generation = 2: the
+    step with row 0 alone divides by 5 / 2, not by its own 2 tokens."""
+    grpo = GRPO(num_generations=2, max_new_tokens=3, steps_per_generation=2, epsilon=0.2)
+    grpo.rewards = Rewards()
+    xp = {"completion_mask": jnp.asarray(BATCH["completion_mask"])[None], "truncated": jnp.zeros((1, 2), bool),
+          "sampler_logps": jnp.zeros((1, 2, 3))}
+    out, _, _ = grpo.finalize(xp, jnp.asarray([[[1.0, 0.0], [0.0, 0.0]]]), ())
+    np.testing.assert_allclose(np.asarray(out["row_tokens"]), [[2.5, 2.5]])
+    first = {k: v[:1] for k, v in BATCH.items()} | {"row_tokens": np.asarray(out["row_tokens"])[0, :1]}
+    assert float(loss_of(grpo, Scores(LOGP[:1]), first)[0]) == pytest.approx((-1.0 - 1.2) / 2.5, rel=1e-6)
+
+
+def test_cispo_by_hand():
+    """TRL loss_type=cispo: −sg(min(ρ, ε_max))·A·log π per token, dapo's normaliser; ε_max = 1.1.
+    cispo_clip_ratio: ρ > ε_max with A > 0 (sequence 0's second token), of 5 tokens."""
+    w = np.minimum(RHO, 1.1)
+    per_token = -w * A[:, None] * np.array(LOGP) * MASK
+    grpo = GRPO(loss_type="cispo", epsilon=0.2, epsilon_high=1.1, max_new_tokens=3)
+    loss, m = loss_of(grpo, Scores(LOGP), BATCH)
+    assert float(loss) == pytest.approx(per_token.sum() / 5, rel=1e-5)
+    assert float(m["cispo_clip_ratio"]) == pytest.approx(1 / 5) and "clip_ratio/low_mean" not in m
+    np.testing.assert_allclose(grad_of(grpo, BATCH), -w * A[:, None] / 5 * MASK, rtol=1e-5, atol=1e-7)  # w: no grad
+
+
+def test_sapo_by_hand():
+    """TRL loss_type=sapo: −σ(τ(ρ − 1))·4/τ·A, τ = 1.0 (A > 0) or 1.05; grpo's aggregation (each
+    sequence's token mean, then the mean). On-policy its gradient is the plain −A per token."""
+    tau = np.where(A > 0, 1.0, 1.05)[:, None]
+    per_token = -1 / (1 + np.exp(-tau * (RHO - 1))) * 4 / tau * A[:, None] * MASK
+    loss, m = loss_of(GRPO(loss_type="sapo", max_new_tokens=3), Scores(LOGP), BATCH)
+    assert float(loss) == pytest.approx((per_token[0].sum() / 2 + per_token[1].sum() / 3) / 2, rel=1e-5)
+    assert not any(k.startswith("clip_ratio") for k in m)
+    on_policy = ON_POLICY
+    want = -A[:, None] / np.array([[2.0], [3.0]]) / 2 * MASK
+    np.testing.assert_allclose(grad_of(GRPO(loss_type="sapo", max_new_tokens=3), on_policy), want, rtol=1e-5)
+
+
+def test_clip_min_and_max_over_sequences():
+    """TRL clip_ratio/low_min and /high_max: each sequence's masked mean of its clip indicator, then
+    the min (max) over sequences: low: sequence 0 none, sequence 1 1 of 3; high: 1 of 2 and none."""
+    _, m = loss_of(GRPO(epsilon=0.2, max_new_tokens=3), Scores(LOGP), BATCH)
+    assert float(m["clip_ratio/low_min"]) == 0.0 and float(m["clip_ratio/high_max"]) == pytest.approx(0.5)
+
+
+def test_reward_and_completion_metrics_as_trl_logs_them():
+    """reward_std: the batch's unbiased std; rewards/<fn>/std; frac_reward_zero_std with
+    scale_rewards=batch tests the batch std (not zero here: 0); completion lengths, all and of the
+    ones that ended (the truncated row's 3 tokens left out)."""
+    grpo = GRPO(num_generations=2, scale_rewards="batch")
+    grpo.rewards = Rewards()
+    scores = jnp.asarray([[[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]])  # weighted: 1.5, 0, 1, 1
+    mask = jnp.asarray([[[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 0]]])
+    xp = {"completion_mask": mask, "truncated": jnp.asarray([[True, False, False, False]]),
+          "sampler_logps": jnp.zeros((1, 4, 3))}
+    _, _, m = grpo.finalize(xp, scores, ())
+    assert float(m["reward_std"]) == pytest.approx(np.std([1.5, 0, 1, 1], ddof=1), rel=1e-6)
+    assert float(m["rewards/accuracy/std"]) == pytest.approx(np.std([1, 0, 1, 1], ddof=1), rel=1e-6)
+    assert float(m["frac_reward_zero_std"]) == 0.0  # group (1, 1) has std 0, the batch does not
+    assert [float(m[f"completions/{k}"]) for k in ("mean_length", "min_length", "max_length")] == [2.0, 1.0, 3.0]
+    assert [float(m[f"completions/{k}_terminated_length"]) for k in ("mean", "min", "max")] == pytest.approx(
+        [5 / 3, 1.0, 2.0])
+
+
+def test_cispo_without_its_cap_is_refused():
+    with pytest.raises(ConfigError, match=r"loss_type=cispo caps .*epsilon_high.* None; .*epsilon_high=5\.0"):
+        validate(make_cfg(["data=jsonl_prompts", "algorithm=grpo", "algorithm.loss_type=cispo"]))
