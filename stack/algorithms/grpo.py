@@ -69,6 +69,9 @@ from stack.algorithms.rlmath import (
     kl_estimate,
     masked_mean,
     nanstd,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    sampler_correction,
     sapo_surrogate,
 )
 from stack.config.schema.algorithm import GRPOConfig
@@ -90,16 +93,20 @@ class GRPO:
                  loss_type: str = "dapo", scale_rewards: str = "group", num_iterations: int = 1,
                  steps_per_generation: int = 1, reference: dict[str, Any] | None = None,
                  mask_truncated_completions: bool = False, importance_sampling_level: str | None = None,
-                 delta: float | None = None, top_entropy_quantile: float | None = None):
+                 delta: float | None = None, top_entropy_quantile: float | None = None, is_correction: str = "none",
+                 is_cap: float | None = 3.0, is_floor: float | None = None, advantage: str = "grpo"):
         self.name, self.group, self.temperature = name, num_generations, temperature
         self.beta, self.kl_estimator, self.loss_type, self.scale = beta, kl_estimator, loss_type, scale_rewards
         self.eps_low, self.eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
         self.bias_correction, self.sapo_tau = use_bias_correction_kl, (sapo_temperature_pos, sapo_temperature_neg)
         self.schedule = Schedule(num_iterations, steps_per_generation)
-        self.keep_old = num_iterations * steps_per_generation > 1  # else old = stop_gradient(current)
+        self.advantage, self.kl_in_reward = advantage, advantage == "reinforce_pp" and beta > 0
+        # else old = stop_gradient(current); REINFORCE++'s KL in the reward needs the old log-probs in finalize
+        self.keep_old = num_iterations * steps_per_generation > 1 or self.kl_in_reward
         self.mask_truncated = mask_truncated_completions
         self.sequence_level, self.delta = importance_sampling_level == "sequence", delta
         self.top_entropy = None if top_entropy_quantile is None or top_entropy_quantile >= 1 else top_entropy_quantile
+        self.is_correction = (is_correction, is_cap, is_floor)
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
@@ -147,12 +154,24 @@ class GRPO:
         """Group-relative advantages and the round's reward metrics (`scores` None: the reward model's)."""
         reward, metrics = scored_rewards(self.rewards, xp, scores)
         advantages, std = group_advantages(reward, self.group, self.scale)
+        if self.advantage != "grpo":
+            advantages, kl = self._other_advantages(reward, xp)
+            metrics.update({"kl": kl} if kl is not None else {})
         zero_std = nanstd(reward) if self.scale == "batch" else std  # the std TRL divides by, or tests for 0
         metrics.update({"reward_std": nanstd(reward), "frac_reward_zero_std": jnp.isclose(zero_std, 0.0).mean()})
         if "old_logps" in xp:
             metrics["logprob_mismatch"] = mismatch(xp, xp["old_logps"])
         tokens = self._mask(xp).sum(-1)  # [.., rows]: each row carries the generation batch's mean, for dapo/cispo
         return {**xp, "advantages": advantages, "row_tokens": jnp.full_like(tokens, tokens.mean())}, state, metrics
+
+    def _other_advantages(self, reward: jax.Array, xp: Batch) -> tuple[jax.Array, jax.Array | None]:
+        """`advantage=rloo` (TRL RLOOTrainer's; scale_rewards=batch: its normalize_advantages) or
+        `reinforce_pp` (per token, β·k1 KL in the reward) and, for the latter, the KL it subtracted."""
+        if self.advantage == "rloo":
+            return rloo_advantages(reward, self.group, normalize=self.scale == "batch"), None
+        kl = xp["old_logps"] - xp["ref_logps"] if self.kl_in_reward else None  # k1 of the sampling policy
+        mask = self._mask(xp)
+        return reinforce_pp_advantages(reward, mask, kl, self.beta), None if kl is None else masked_mean(kl, mask)
 
     def _mask(self, xp: Batch) -> jax.Array:
         """The tokens the loss counts: the completion's, none of a truncated one's with mask_truncated_completions."""
@@ -168,13 +187,18 @@ class GRPO:
         log_ratio = logps - old
         if self.sequence_level:  # TRL importance_sampling_level=sequence (GSPO): [rows, 1]
             log_ratio = (log_ratio * mask).sum(-1, keepdims=True) / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
-        per_token, metrics = self._surrogate(log_ratio, batch["advantages"][:, None], logps, mask)
+        adv = batch["advantages"]
+        per_token, metrics = self._surrogate(log_ratio, adv[:, None] if adv.ndim == 1 else adv, logps, mask)
         if self.top_entropy is not None:
             per_token = per_token * high_entropy(jax.lax.stop_gradient(entropy), mask, 1 - self.top_entropy)
+        if self.is_correction[0] != "none":
+            weight, is_metrics = self._sampler_weight(jax.lax.stop_gradient(old), batch["sampler_logps"], mask)
+            per_token = per_token * weight
+            metrics.update(is_metrics)
         metrics["entropy"] = masked_mean(entropy, mask)
         if "old_logps" not in batch:  # the first pass over the samples: compare with the sampler here
             metrics["logprob_mismatch"] = mismatch(batch, jax.lax.stop_gradient(logps))
-        if self.beta:
+        if self.beta and not self.kl_in_reward:
             kl = kl_estimate(logps, batch["ref_logps"], self.kl_estimator)
             if self.bias_correction:  # TRL use_bias_correction_kl (DeepSeek-V3.2): unbiased off-policy, and a
                 kl = kl * jnp.exp(log_ratio)  # gradient through the ratio even where it equals 1
@@ -198,6 +222,16 @@ class GRPO:
         return per_token, {**{f"clip_ratio/{k}_mean": over(v) for k, v in clip.items()},
                            "clip_ratio/low_min": jnp.nanmin(of_rows(clip["low"])),  # NaN rows: no token
                            "clip_ratio/high_max": jnp.nanmax(of_rows(clip["high"]))}
+
+    def _sampler_weight(self, old: jax.Array, sampler: jax.Array, mask: jax.Array) -> tuple[jax.Array, Metrics]:
+        """`is_correction`'s weight per token and TRL's `sampling/importance_sampling_ratio/*` (of the
+        weights: over real tokens, or sequences) with stack's own `sampling/is_masked_fraction`."""
+        weight, masked = sampler_correction(old, sampler, mask, *self.is_correction)
+        where = jnp.ones(weight.shape, bool) if weight.shape[-1] == 1 else mask > 0
+        stats = {"min": jnp.where(where, weight, jnp.inf).min(), "max": jnp.where(where, weight, -jnp.inf).max(),
+                 "mean": masked_mean(weight, where)}
+        return weight, {**{f"sampling/importance_sampling_ratio/{k}": v for k, v in stats.items()},
+                        "sampling/is_masked_fraction": masked_mean(masked.astype(jnp.float32), where)}
 
     def _aggregate(self, losses: jax.Array, mask: jax.Array, batch: Batch) -> Terms:
         """(numerator, denominator) of `loss_type` over a micro-batch; summed over micro-batches."""

@@ -61,6 +61,32 @@ def group_advantages(rewards: Array, group: int, scale: str = "group", eps: floa
     return adv.reshape(rewards.shape), std[..., 0]
 
 
+def rloo_advantages(rewards: Array, group: int, normalize: bool = False, eps: float = 1e-4) -> Array:
+    """r − the mean of the other valid rewards of its group (TRL RLOOTrainer's leave-one-out
+    baseline over scorable siblings); with `normalize` then (A − mean) / (std + 1e-4) over the
+    batch (its normalize_advantages). A NaN reward, or one alone in its group, gets 0."""
+    r = rewards.reshape(*rewards.shape[:-1], -1, group)
+    valid = ~jnp.isnan(r)
+    n = valid.sum(-1, keepdims=True)
+    others = (jnp.where(valid, r, 0.0).sum(-1, keepdims=True) - r) / jnp.maximum(n - 1, 1)
+    adv = jnp.where(n > 1, r - others, jnp.nan).reshape(rewards.shape)
+    if normalize:
+        adv = (adv - jnp.nanmean(adv)) / (nanstd(adv) + eps)
+    return jnp.nan_to_num(adv, nan=0.0)
+
+
+def reinforce_pp_advantages(rewards: Array, mask: Array, kl: Array | None = None, beta: float = 0.0) -> Array:
+    """Per-token REINFORCE++ advantages (Hu 2025; verl's reinforce_plus_plus, γ = 1): token rewards
+    are the score at the last real token − β·KL_t (the KL in the reward), the return of a token is
+    the sum of the rewards from it on, and the returns are whitened over every real token of the
+    batch (masked mean and unbiased variance). A completion with a NaN reward gets 0 and no part
+    in the statistics."""
+    m = jnp.where(jnp.isnan(rewards)[..., None], 0.0, mask.astype(jnp.float32))
+    penalty = jnp.zeros_like(m) if kl is None else beta * kl * m
+    returns = jnp.nan_to_num(rewards)[..., None] - jnp.flip(jnp.cumsum(jnp.flip(penalty, -1), -1), -1)
+    return masked_whiten(returns, m) * m
+
+
 def clipped_surrogate(log_ratio: Array, advantages: Array, eps_low: float, eps_high: float,
                       delta: float | None = None) -> tuple[Array, dict[str, Array]]:
     """Per-token −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A), ρ = exp(log_ratio) (log π − log π_old),
@@ -91,6 +117,23 @@ def sapo_surrogate(log_ratio: Array, advantages: Array, tau_pos: float, tau_neg:
     the plain policy gradient's."""
     tau = jnp.where(advantages > 0, tau_pos, tau_neg)
     return -jax.nn.sigmoid(tau * (jnp.exp(log_ratio) - 1)) * 4 / tau * advantages
+
+
+def sampler_correction(old: Array, sampler: Array, mask: Array, mode: str, cap: float | None,
+                       floor: float | None) -> tuple[Array, Array]:
+    """(weight, masked) of each token for the trainer/sampler mismatch (TRL GRPOTrainer's
+    vllm_importance_sampling_correction): ρ = π_old / π_sampler of each sampled token, or per
+    sequence (`sequence_*`: exp of the tokens' mean log-ratio, TRL #5814) [rows, 1]; `*_truncate`
+    clips ρ to [floor, cap], `*_mask` zeroes it outside. A NaN sampler log-prob counts as ρ = 1."""
+    diff = jnp.nan_to_num((old - sampler) * mask)
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdims=True) / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+    ratio = jax.lax.stop_gradient(jnp.exp(diff))
+    low, high = -jnp.inf if floor is None else floor, jnp.inf if cap is None else cap
+    if mode.endswith("truncate"):
+        return jnp.clip(ratio, low, high), jnp.zeros(ratio.shape, bool)
+    outside = (ratio < low) | (ratio > high)
+    return jnp.where(outside, 0.0, ratio), outside
 
 
 def nanstd(x: Array) -> Array:

@@ -176,6 +176,7 @@ class GRPOConfig(AlgorithmConfig):
     sapo_temperature_pos: float = 1.0  # sapo's gate temperature where the advantage is > 0 (TRL's default)
     sapo_temperature_neg: float = 1.05  # and where it is <= 0
     scale_rewards: str = "group"  # group | batch | none
+    advantage: str = "grpo"  # grpo (group mean/std) | rloo (leave-one-out) | reinforce_pp (REINFORCE++)
     num_iterations: int = 1  # mu: passes over each generation batch
     steps_per_generation: int = 1  # optimizer steps (minibatches) per generation batch
     mask_truncated_completions: bool = False  # TRL's (DAPO): no loss on completions without EOS
@@ -184,6 +185,11 @@ class GRPOConfig(AlgorithmConfig):
     delta: Optional[float] = None  # TRL's two-sided clipping: the unclipped ratio capped at delta (> 1 + epsilon_high)
     # TRL's: in (0, 1]; the loss on the top q of tokens by entropy; null: 1
     top_entropy_quantile: Optional[float] = None
+    # sampler/trainer mismatch (TRL's vllm_importance_sampling_*): none | token_truncate | token_mask |
+    # sequence_truncate | sequence_mask, with the ratio's cap (C_max) and floor (C_min)
+    is_correction: str = "none"
+    is_cap: Optional[float] = 3.0
+    is_floor: Optional[float] = None
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     data_kinds: ClassVar[tuple[str, ...]] = ("prompt",)
     objective: ClassVar[str] = "eval/reward"
@@ -225,12 +231,29 @@ class GRPOConfig(AlgorithmConfig):
 
 
 def check_loss_type(node: Any) -> None:
-    """cispo's cap and sapo's temperatures (TRL GRPOConfig's meanings)."""
+    """cispo's cap, sapo's temperatures and the mismatch correction (TRL GRPOConfig's meanings)."""
     if node.loss_type == "cispo" and (node.epsilon_high is None or node.epsilon_high <= 1):
         raise ConfigError(
             f"algorithm.loss_type=cispo caps each token's importance ratio at algorithm.epsilon_high (ε_max), which "
             f"is {node.epsilon_high}; it must be set and > 1. TRL's fallback (epsilon_high = epsilon = 0.2) would "
             "scale every token's gradient by at most 0.2; ScaleRL recommends algorithm.epsilon_high=5.0.")
+    if node.advantage not in ("grpo", "rloo", "reinforce_pp"):
+        raise bad_choice("algorithm.advantage", node.advantage, ("grpo", "rloo", "reinforce_pp"))
+    if node.advantage != "grpo" and node.scale_rewards == "group":
+        raise ConfigError(
+            f"algorithm.advantage={node.advantage} with algorithm.scale_rewards=group: the group's std is GRPO's "
+            "scale. rloo takes none (TRL RLOOTrainer's default) or batch (its normalize_advantages); reinforce_pp "
+            "whitens over the batch's tokens itself: set algorithm.scale_rewards=none.")
+    if node.advantage == "reinforce_pp" and node.scale_rewards != "none":
+        raise ConfigError("algorithm.advantage=reinforce_pp whitens its returns over the batch's tokens itself: "
+                          f"set algorithm.scale_rewards=none (it is {node.scale_rewards}).")
+    modes = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+    if node.is_correction not in modes:
+        raise bad_choice("algorithm.is_correction", node.is_correction, modes)
+    cap, floor = node.is_cap, node.is_floor
+    if (floor is not None and floor < 0) or (cap is not None and cap <= (floor or 0)):
+        raise ConfigError(f"'algorithm.is_cap'={cap} and 'algorithm.is_floor'={floor}: the sampler/trainer ratio is "
+                          "kept within [is_floor, is_cap] (null: no bound); the floor must be >= 0, the cap above it.")
     if not (node.sapo_temperature_pos > 0 and node.sapo_temperature_neg > 0):
         raise ConfigError(f"'algorithm.sapo_temperature_pos'={node.sapo_temperature_pos} and "
                           f"'algorithm.sapo_temperature_neg'={node.sapo_temperature_neg} must be > 0.")
