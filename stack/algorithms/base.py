@@ -60,6 +60,7 @@ class Schedule(NamedTuple):
     epochs: int = 1
     minibatches: int = 1
     shuffle: bool = False
+    generations: int = 1  # generation batches a round may draw while `keep` leaves rows out
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class Algorithm(Protocol):
     scores_spec: Callable[[Batch], jax.ShapeDtypeStruct] | None
     # finalize(xp, scores, state) -> (xp, state, metrics), or None: nothing to add
     finalize: Callable[[Batch, Any, Any], tuple[Batch, Any, Metrics]] | None
+    # keep(xp, scores) -> bool [n, rows]: the rows worth training on (whole groups); the round draws
+    # more generation batches (at most schedule.generations) until it has a batch of them. None: all
+    keep: Callable[[Batch, Any], jax.Array] | None
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup: ...
 

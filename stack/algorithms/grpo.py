@@ -1,4 +1,4 @@
-"""Group Relative Policy Optimization with the conventions of TRL's GRPOTrainer (1.x).
+"""Group Relative Policy Optimization with the conventions of TRL's GRPOTrainer (1.16).
 
 - A round reads prompts and samples `num_generations` (G) completions per prompt with the
   KV-cache sampler (stack.rollout); sample keys come from the round's key, the record's
@@ -17,10 +17,17 @@
   `reward=model`, a trained reward model's score (TRL: a sequence-classification model as the
   reward function; here on device in collect, with the policy's tokenizer, as PPO's), alone or
   beside the functions as one more weighted column.
-- Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none.
+  `overlong_interval`: DAPO's soft overlong punishment added (TRL get_soft_overlong_punishment).
+  `dynamic_sampling` (DAPO): `keep` marks the groups whose rewards differ; the trainer draws
+  more generation batches until the round's batch is of them (stack.engine.trainer.refill).
+- Advantages: (r − mean of the group) / (std + 1e-4), `scale_rewards` = group | batch | none;
+  `advantage=rloo` (TRL RLOOTrainer's leave-one-out) or `reinforce_pp` (REINFORCE++: per-token
+  returns with β·k1 KL in the reward, not the loss, whitened over the batch's tokens).
 - Loss per token: −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) + β·ρ·KL(π‖π_ref) (k3 by default, in the
   loss; ρ: `use_bias_correction_kl`, TRL 1.16's default); β = 0 (the default) builds no reference
-  at all. `cispo`: −sg(min(ρ, ε_high))·A·log π; `sapo`: −σ(τ(ρ−1))·4/τ·A. `importance_sampling_level=sequence`
+  at all. `cispo`: −sg(min(ρ, ε_high))·A·log π; `sapo`: −σ(τ(ρ−1))·4/τ·A. `is_correction`
+  weights it by π_old / π_sampler, truncated or masked (TRL's vllm_importance_sampling_*).
+  `importance_sampling_level=sequence`
   (TRL's, GSPO): one ρ per completion, exp of its tokens' mean log-ratio; `delta` caps the
   unclipped ρ (TRL's two-sided clipping, INTELLECT-2); `top_entropy_quantile` q < 1 keeps the
   surrogate on the tokens whose entropy is at or above the (1 − q) quantile of the micro-batch's
@@ -69,6 +76,7 @@ from stack.algorithms.rlmath import (
     kl_estimate,
     masked_mean,
     nanstd,
+    overlong_penalty,
     reinforce_pp_advantages,
     rloo_advantages,
     sampler_correction,
@@ -94,12 +102,16 @@ class GRPO:
                  steps_per_generation: int = 1, reference: dict[str, Any] | None = None,
                  mask_truncated_completions: bool = False, importance_sampling_level: str | None = None,
                  delta: float | None = None, top_entropy_quantile: float | None = None, is_correction: str = "none",
-                 is_cap: float | None = 3.0, is_floor: float | None = None, advantage: str = "grpo"):
+                 is_cap: float | None = 3.0, is_floor: float | None = None, advantage: str = "grpo",
+                 overlong_interval: int = 0, overlong_factor: float = 1.0, dynamic_sampling: bool = False,
+                 max_generation_batches: int = 4):
         self.name, self.group, self.temperature = name, num_generations, temperature
         self.beta, self.kl_estimator, self.loss_type, self.scale = beta, kl_estimator, loss_type, scale_rewards
         self.eps_low, self.eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
         self.bias_correction, self.sapo_tau = use_bias_correction_kl, (sapo_temperature_pos, sapo_temperature_neg)
-        self.schedule = Schedule(num_iterations, steps_per_generation)
+        self.schedule = Schedule(num_iterations, steps_per_generation,
+                                 generations=max_generation_batches if dynamic_sampling else 1)
+        self.keep = self._keep if dynamic_sampling else None
         self.advantage, self.kl_in_reward = advantage, advantage == "reinforce_pp" and beta > 0
         # else old = stop_gradient(current); REINFORCE++'s KL in the reward needs the old log-probs in finalize
         self.keep_old = num_iterations * steps_per_generation > 1 or self.kl_in_reward
@@ -107,6 +119,7 @@ class GRPO:
         self.sequence_level, self.delta = importance_sampling_level == "sequence", delta
         self.top_entropy = None if top_entropy_quantile is None or top_entropy_quantile >= 1 else top_entropy_quantile
         self.is_correction = (is_correction, is_cap, is_floor)
+        self.overlong = (overlong_interval, overlong_factor)
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
@@ -152,7 +165,7 @@ class GRPO:
 
     def finalize(self, xp: Batch, scores: jax.Array | None, state: Any) -> tuple[Batch, Any, Metrics]:
         """Group-relative advantages and the round's reward metrics (`scores` None: the reward model's)."""
-        reward, metrics = scored_rewards(self.rewards, xp, scores)
+        reward, metrics = self._rewards(xp, scores)
         advantages, std = group_advantages(reward, self.group, self.scale)
         if self.advantage != "grpo":
             advantages, kl = self._other_advantages(reward, xp)
@@ -163,6 +176,23 @@ class GRPO:
             metrics["logprob_mismatch"] = mismatch(xp, xp["old_logps"])
         tokens = self._mask(xp).sum(-1)  # [.., rows]: each row carries the generation batch's mean, for dapo/cispo
         return {**xp, "advantages": advantages, "row_tokens": jnp.full_like(tokens, tokens.mean())}, state, metrics
+
+    def _rewards(self, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
+        """The reward per completion and its metrics (scored_rewards), with DAPO's soft overlong
+        punishment added as one more term (TRL: a reward function; `reward` logs the sum)."""
+        reward, metrics = scored_rewards(self.rewards, xp, scores)
+        if self.overlong[0]:
+            lengths = xp["completion_mask"].sum(-1)
+            penalty = self.overlong[1] * overlong_penalty(lengths, self.sampling.max_new_tokens, self.overlong[0])
+            reward = reward + penalty
+            metrics.update({"reward": jnp.nanmean(reward), "overlong_penalty": penalty.mean()})
+        return reward, metrics
+
+    def _keep(self, xp: Batch, scores: jax.Array | None) -> jax.Array:
+        """DAPO's dynamic sampling: the rows of the groups whose rewards are not all equal."""
+        reward = self._rewards(xp, scores)[0]
+        _, std = group_advantages(reward, self.group, "none")
+        return jnp.repeat(~jnp.isclose(std, 0.0), self.group, axis=-1)
 
     def _other_advantages(self, reward: jax.Array, xp: Batch) -> tuple[jax.Array, jax.Array | None]:
         """`advantage=rloo` (TRL RLOOTrainer's; scale_rewards=batch: its normalize_advantages) or

@@ -61,6 +61,13 @@ def group_advantages(rewards: Array, group: int, scale: str = "group", eps: floa
     return adv.reshape(rewards.shape), std[..., 0]
 
 
+def overlong_penalty(lengths: Array, max_len: int, interval: int) -> Array:
+    """DAPO's soft overlong punishment (TRL `get_soft_overlong_punishment`): 0 up to max_len −
+    interval tokens, then falling linearly to −1 at max_len, −1 beyond."""
+    start = max_len - interval
+    return jnp.where(lengths <= start, 0.0, jnp.maximum((start - lengths) / interval, -1.0))
+
+
 def rloo_advantages(rewards: Array, group: int, normalize: bool = False, eps: float = 1e-4) -> Array:
     """r − the mean of the other valid rewards of its group (TRL RLOOTrainer's leave-one-out
     baseline over scorable siblings); with `normalize` then (A − mean) / (std + 1e-4) over the

@@ -195,6 +195,7 @@ class Programs:
     # (state, frozen, batch) -> (state, metrics): collect then the round's one update as one
     # program, for rounds with nothing between them (`one_program`); else None
     collect_update: Callable | None = None
+    keep: Callable | None = None  # (xp, scores) -> bool [n, rows], replicated: the rows a round keeps
 
 
 def _pass_batch(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Batch:
@@ -261,4 +262,5 @@ def make_programs(exp: Experiment, parts: Parts, shardings: TrainState) -> Progr
         update=step(update),
         evaluate=jax.jit(evaluate, out_shardings=replicated),
         collect_update=step(collect_update) if one_program(alg) else None,
+        keep=jax.jit(alg.keep, out_shardings=replicated) if alg.keep is not None else None,
     )

@@ -13,7 +13,7 @@ from flax import nnx
 
 from stack.algorithms.grpo import GRPO
 from stack.algorithms.onpolicy import completion_logps
-from stack.algorithms.rlmath import reinforce_pp_advantages, rloo_advantages
+from stack.algorithms.rlmath import overlong_penalty, reinforce_pp_advantages, rloo_advantages
 from stack.config.validate import validate
 from stack.errors import ConfigError
 from stack.models.init import init_model
@@ -228,3 +228,22 @@ def test_grpo_with_reinforce_pp_takes_the_kl_into_the_reward_not_the_loss():
 def test_bad_advantage_and_correction_settings_are_refused(overrides, match):
     with pytest.raises(ConfigError, match=match):
         validate(make_cfg(["data=jsonl_prompts", "algorithm=grpo", *overrides]))
+
+
+def test_soft_overlong_punishment_by_hand():
+    """DAPO / TRL get_soft_overlong_punishment(max 8, cache 4): lengths <= 4 get 0, 5..8 get
+    (4 − L) / 4, i.e. −0.25 .. −1. Added to the reward times overlong_factor before the advantages;
+    `reward` logs the sum (TRL: the punishment is one more reward function)."""
+    np.testing.assert_allclose(np.asarray(overlong_penalty(jnp.arange(1, 9), 8, 4)),
+                               [0, 0, 0, 0, -0.25, -0.5, -0.75, -1.0])
+    grpo = GRPO(num_generations=2, max_new_tokens=8, overlong_interval=4, overlong_factor=0.5)
+    grpo.rewards = Rewards()
+    mask = jnp.asarray([[[1] * 3 + [0] * 5, [1] * 8, [1] * 6 + [0] * 2, [1] * 2 + [0] * 6]])
+    xp = {"completion_mask": mask, "truncated": jnp.asarray([[False, True, False, False]]),
+          "sampler_logps": jnp.zeros((1, 4, 8))}
+    out, _, m = grpo.finalize(xp, jnp.asarray([[[1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]]), ())
+    rewards = np.array([1.0, 1.0 - 0.5, 0.0 - 0.5 * 0.5, 0.0])  # lengths 3, 8, 6, 2
+    assert float(m["reward"]) == pytest.approx(rewards.mean())
+    assert float(m["overlong_penalty"]) == pytest.approx((-0.5 - 0.25) / 4)
+    group = lambda r: (r - r.mean()) / (np.std(r, ddof=1) + 1e-4)  # noqa: E731
+    np.testing.assert_allclose(np.asarray(out["advantages"])[0], [*group(rewards[:2]), *group(rewards[2:])], rtol=1e-5)

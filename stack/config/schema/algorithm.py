@@ -180,6 +180,10 @@ class GRPOConfig(AlgorithmConfig):
     num_iterations: int = 1  # mu: passes over each generation batch
     steps_per_generation: int = 1  # optimizer steps (minibatches) per generation batch
     mask_truncated_completions: bool = False  # TRL's (DAPO): no loss on completions without EOS
+    overlong_interval: int = 0  # DAPO's soft overlong punishment over the last N of max_new_tokens; 0: off
+    overlong_factor: float = 1.0  # its weight in the reward
+    dynamic_sampling: bool = False  # DAPO's: more generation batches until every group's rewards differ
+    max_generation_batches: int = 4  # of a round with dynamic_sampling (then it trains on what it has)
     # TRL's: null or token: a ratio per token; sequence: one per completion (GSPO), its tokens' mean log-ratio
     importance_sampling_level: Optional[str] = None
     delta: Optional[float] = None  # TRL's two-sided clipping: the unclipped ratio capped at delta (> 1 + epsilon_high)
@@ -250,6 +254,12 @@ def check_loss_type(node: Any) -> None:
     modes = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
     if node.is_correction not in modes:
         raise bad_choice("algorithm.is_correction", node.is_correction, modes)
+    if not 0 <= node.overlong_interval <= node.max_new_tokens:
+        raise ConfigError(f"'algorithm.overlong_interval'={node.overlong_interval}: DAPO's punishment interval, the "
+                          f"last N tokens of algorithm.max_new_tokens={node.max_new_tokens}; 0 (off) up to "
+                          "max_new_tokens.")
+    if node.max_generation_batches < 1:
+        raise ConfigError(f"'algorithm.max_generation_batches'={node.max_generation_batches} must be >= 1.")
     cap, floor = node.is_cap, node.is_floor
     if (floor is not None and floor < 0) or (cap is not None and cap <= (floor or 0)):
         raise ConfigError(f"'algorithm.is_cap'={cap} and 'algorithm.is_floor'={floor}: the sampler/trainer ratio is "

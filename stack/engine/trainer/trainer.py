@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
+from typing import Any
 
 import jax
 from flax import nnx
@@ -36,6 +37,7 @@ from stack.engine.trainer.feed import Feed, Round
 from stack.engine.trainer.metrics import MetricsLog, PeakProbe, Throughput
 from stack.engine.trainer.nonfinite import NonFinite
 from stack.engine.trainer.profiler import Profiler
+from stack.engine.trainer.refill import refill
 from stack.engine.trainer.signals import Signals
 from stack.engine.trainer.sync import Sync
 from stack.errors import ConfigError
@@ -147,13 +149,25 @@ class Trainer:
     def _collected(self, run: Run, batch: dict, host: dict) -> tuple[Callable, dict]:
         """Collect, score and finalize a round's data: (its j-th optimizer step j -> (state, metrics),
         finalize's metrics)."""
-        xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
-        scores = self.alg.score(xp, host) if self.alg.score is not None else None
+        xp, scores = self._draw(run, batch, host)
+        drawn = {}
+        if run.programs.keep is not None:  # more generation batches while `keep` leaves rows out
+            (xp, scores), drawn = refill((xp, scores), run.programs.keep, lambda: self._draw(run),
+                                         self.alg.schedule.generations)
         xp, algo, extra = run.programs.finalize(xp, scores, run.state.algo)
+        extra = {**extra, **drawn}
         run.state = replace(run.state, algo=algo)
         run.tokens_per_step = self.alg.batch_tokens(xp) // self.alg.schedule.minibatches
         run.episodes_per_step = episodes(xp) / len(self.plan)
         return (lambda j: run.programs.update(run.state, run.frozen, xp, j)), extra
+
+    def _draw(self, run: Run, batch: dict | None = None, host: dict | None = None) -> tuple[dict, Any]:
+        """A generation batch, collected and scored: of `batch`, or of the next data read (which moves
+        the round's data position on)."""
+        if batch is None:
+            batch, host, run.data_state = self.feed.read()
+        xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
+        return xp, self.alg.score(xp, host) if self.alg.score is not None else None
 
     def _wait(self, run: Run) -> None:
         """Wait for the device to finish step `run.step`, then complete and emit the held rows:
