@@ -86,3 +86,19 @@ def test_lora_dpo_recipe_ranks_held_out_pairs(tmp_path):
     evals = [r for r in read_metrics(tmp_path) if "eval/rewards/accuracies" in r]
     assert evals[0]["step"] == 0 and evals[0]["eval/rewards/accuracies"] == 0.0
     assert evals[-1]["step"] == 400 and evals[-1]["eval/rewards/accuracies"] >= 0.70
+
+
+@pytest.mark.slow
+def test_dapo_recipe_teaches_the_held_out_sums_drawing_more_prompts(tmp_path):
+    """`+recipe=llama_grpo_dapo`: the header's promise (eval/reward +0.15, accuracy >= 0.10) and its
+    dynamic sampling at work: rounds draw more than one generation batch on average, and the batch
+    trained on is all groups with reward variance most of the time."""
+    res = run_cli(["+recipe=llama_grpo_dapo", f"run_dir={tmp_path}"], cwd=str(tmp_path), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(tmp_path)
+    evals = [r for r in rows if "eval/reward" in r]
+    assert evals[-1]["step"] == 300 and evals[-1]["eval/reward"] - evals[0]["eval/reward"] >= 0.15
+    assert evals[-1]["eval/rewards/accuracy/mean"] >= 0.10
+    train = [r for r in rows if "train/dynamic_sampling/generation_batches" in r]
+    assert sum(r["train/dynamic_sampling/generation_batches"] for r in train) / len(train) > 1
+    assert sum(r["train/dynamic_sampling/kept_fraction"] for r in train) / len(train) > 0.9
