@@ -257,8 +257,10 @@ def compile_report(exp: Experiment) -> int:
         update, collect = lower_and_compile(exp, r)
     except OutOfMemory as exc:
         print(f"XLA ({exc.program}): {exc.message}")
-        need = [float(x) * GiB for x in re.findall(r"([\d.]+)G\b", exc.message)[:1]]
-        return _does_not_fit(max(need + [state]), hbm or 0, f" (the compiler ran out of HBM for the {exc.program})")
+        sizes = [float(x) * GiB for x in re.findall(r"([\d.]+)G\b", exc.message)]  # XLA: needed, then available
+        room = f" available of {_size(hbm, 'GiB')} HBM" if len(sizes) > 1 and hbm else ""
+        return _does_not_fit(max(sizes[:1] + [state]), sizes[1] if room else hbm or 0,
+                             f"{room} (the compiler ran out of HBM for the {exc.program})")
     print(f"lower {update.lower_seconds:.1f}s, compile {update.compile_seconds + collect.compile_seconds:.1f}s")
     _print_program("per device (train step):", update)
     if exp.algorithm.collect is not None:
