@@ -3,7 +3,8 @@
     Trainer(exp).run() -> Summary
 
 A round reads `grad_accum × schedule.minibatches` data batches (stack.engine.trainer.feed), runs the
-algorithm's jitted `collect`, its host `score` (if any) and jitted `finalize`, then `epochs ×
+algorithm's jitted `collect`, its host `score` (if any; with a `keep`, more generation batches while it
+leaves rows out: stack.engine.trainer.refill) and jitted `finalize`, then `epochs ×
 minibatches` optimizer steps (stack.engine.step); a round of collect and one step with nothing between
 them (DPO) runs as one program (stack.engine.step.one_program). The loop body knows nothing about the
 objective; everything else (logging window, throughput, NaN policy, eval, signals, checkpoints)
