@@ -88,8 +88,10 @@ def read_job(job_dir: str, metric: str | None) -> Job:
              if metric in r and isinstance(r[metric], (int, float)) and math.isfinite(r[metric])]
     values = [v for _, v in curve]
     best = (max if direction(metric or "") == "max" else min)(values) if values else None
-    return Job(os.path.basename(job_dir), overrides, status["status"], metric, values[-1] if values else None,
-               best, status.get("seconds"), status.get("error", ""), curve)
+    # no metrics.jsonl (logger without jsonl): the objective's final value from status.json
+    final = values[-1] if values else status.get("value") if metric == status.get("objective") else None
+    return Job(os.path.basename(job_dir), overrides, status["status"], metric, final, best, status.get("seconds"),
+               status.get("error", ""), curve)
 
 
 def read_sweep(sweep_dir: str, metric: str | None = None) -> list[Job]:

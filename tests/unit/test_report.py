@@ -60,6 +60,16 @@ def test_a_refused_rerun_shows_until_the_dirs_run_writes_its_status_again(tmp_pa
     assert read_sweep(str(tmp_path))[0].status == "completed"
 
 
+def test_a_job_without_metrics_jsonl_shows_the_objective_its_status_holds(tmp_path):
+    """logger=[console] writes no metrics.jsonl: the final objective still comes from status.json
+    (no curve, so no best); another metric has nothing to show."""
+    job(tmp_path, "0", ["seed=0"], "eval/loss", [3.0, 2.5], status="completed")
+    (tmp_path / "0" / "metrics.jsonl").unlink()
+    (only,) = read_sweep(str(tmp_path))
+    assert (only.final, only.best, only.curve) == (2.5, None, [])
+    assert read_sweep(str(tmp_path), metric="eval/accuracy")[0].final is None
+
+
 def test_losses_sort_ascending_and_the_metric_can_be_chosen(tmp_path):
     job(tmp_path, "0", ["optimizer.lr=1e-3"], "eval/loss", [3.0, 2.0], "completed")
     job(tmp_path, "1", ["optimizer.lr=1e-2"], "eval/loss", [3.0, 1.5, 2.5], "completed")
