@@ -25,17 +25,19 @@ def progress_bar(total: int, start: int, postfix: str, stream: TextIO) -> Any:
         from tqdm.auto import tqdm  # tqdm.auto asks IPython which bar fits: only in a kernel
 
         return tqdm(total=total, initial=start, unit="step", postfix=postfix)
-    sized = columns(stream) > 0  # a pty nobody sized (launcher=local's relay, `script`) reads 0 columns
+    columns, lines = terminal_size(stream)  # a pty nobody sized (launcher=local's relay, `script`): 0 x 0
+    sized = columns > 0 and lines > 0
     return plain_tqdm(total=total, initial=start, unit="step", postfix=postfix, file=stream, dynamic_ncols=sized,
-                      ncols=None if sized else 100, nrows=None if sized else 20)
+                      ncols=None if sized else columns or 100, nrows=None if sized else 20)
 
 
-def columns(stream: TextIO) -> int:
-    """The width of the terminal `stream` writes to (0: none, or unsized)."""
+def terminal_size(stream: TextIO) -> tuple[int, int]:
+    """(columns, lines) of the terminal `stream` writes to; (0, 0): none. tqdm draws nothing in a
+    terminal of 0 lines, and some ptys report their columns only."""
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        return tuple(os.get_terminal_size(stream.fileno()))
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return 0
+        return 0, 0
 
 
 class ConsoleSink:

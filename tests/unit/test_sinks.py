@@ -1,7 +1,13 @@
 """The sinks a `logger` list turns on: the console (tqdm's bar on a terminal, grouped progress rows
 off it), metrics.jsonl, and TensorBoard event files read back by TensorBoard's own reader."""
 
+import contextlib
+import fcntl
 import io
+import os
+import select
+import struct
+import termios
 import time
 
 import pytest
@@ -50,6 +56,27 @@ def test_on_a_terminal_tqdm_draws_the_bar_and_eval_rows_print_above_it():
     assert "| 10/20 [" in out and "loss 2.5000, 1,000 tok/s]" in out  # tqdm's bar: elapsed<ETA, the postfix
     assert "| 20/20 [" in out and "\rstep 20  eval: loss 0.6931\n  eval/logps:" in out
     assert "\n  train:" not in out  # the bar carries the train rows
+
+
+@pytest.mark.parametrize("rows, cols", [(0, 0), (0, 90), (30, 90)], ids=["unsized", "no_lines", "sized"])
+def test_a_pty_of_any_reported_size_gets_a_drawn_bar(rows, cols):
+    """tqdm draws nothing in a terminal that reports 0 lines (launcher=local's relay pty, `script`):
+    such a pty gets a 100-column bar; a sized one tqdm's own width."""
+    master, replica = os.openpty()
+    fcntl.ioctl(replica, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    with os.fdopen(replica, "w") as stream:
+        sink = ConsoleSink(total_steps=4, stream=stream)
+        for step in (2, 4):
+            sink.log(step, {"train/loss": 1.0, "perf/tokens_per_sec": 10.0})
+        sink.close()
+    out = b""
+    with contextlib.suppress(OSError):  # EIO: the replica is closed and everything is read
+        while select.select([master], [], [], 0.5)[0]:  # what the pty holds, however it is chunked
+            out += os.read(master, 1 << 16)
+    os.close(master)
+    out = out.decode()
+    assert "4/4 [" in out and "loss 1.0000, 10 tok/s" in out, out
+    assert max(len(line) for line in out.replace("\r", "\n").splitlines()) <= (cols or 100)
 
 
 def test_off_a_terminal_progress_rows_with_eta_every_interval_and_at_the_last_step():
