@@ -49,11 +49,7 @@ def group_advantages(rewards: Array, group: int, scale: str = "group", eps: floa
     if scale == "group":
         adv = centred / (std + eps)
     elif scale == "batch":  # the group's mean, the whole batch's std
-        ok = ~jnp.isnan(rewards)
-        count = ok.sum()
-        batch_mean = jnp.where(ok, rewards, 0.0).sum() / jnp.maximum(count, 1)
-        batch_var = jnp.where(ok, (rewards - batch_mean) ** 2, 0.0).sum() / jnp.maximum(count - 1, 1)
-        adv = centred / (jnp.sqrt(batch_var) + eps)
+        adv = centred / (nanstd(rewards) + eps)
     elif scale == "none":
         adv = centred
     else:
