@@ -38,7 +38,8 @@ sampler and computes old and reference log-probs (and PPO's values) from the tra
 forward; `score` runs the reward functions on the host; `finalize` turns rewards into
 group-relative (GRPO) or GAE (PPO) advantages and updates the KL coefficient; `loss`
 is the clipped surrogate over minibatches, `schedule` = (num_iterations or ppo epochs,
-minibatches). `evaluate` reports the mean reward of greedy completions.
+minibatches). `evaluate` reports the mean reward of greedy completions (and, with
+`eval.num_samples`, pass@k and maj@k of sampled ones: stack.algorithms.sampled_eval).
 """
 
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ class Context:
     seed: int = 0  # the run's seed (e.g. a new head's initial weights)
     model: Any = None  # the `model` group's config (a `hf:DIR` reference is checked against it)
     rows: Any = None  # the batch sharding [n, rows, ...]: host scoring reads and returns this process's rows
+    eval: Any = None  # the `eval` config (GRPO, PPO: stack.algorithms.sampled_eval)
 
 
 @dataclass(frozen=True)

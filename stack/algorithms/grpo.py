@@ -45,7 +45,8 @@
   clip_ratio/high_max, cispo_clip_ratio, completions/{mean,min,max}_length,
   completions/{mean,min,max}_terminated_length, completions/clipped_ratio; stack's own:
   reward/errors (completions × functions that gave NaN), logprob_mismatch.
-- Eval: greedy completions of the eval prompts, scored the same way (`eval/reward`).
+- Eval: greedy completions of the eval prompts, scored the same way (`eval/reward`), their
+  `accuracy`, and with `eval.num_samples` pass@k and maj@k (stack.algorithms.sampled_eval).
 """
 
 import math
@@ -59,11 +60,12 @@ from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
 from stack.algorithms.onpolicy import (
+    PROMPT_KEYS,
     completion_logps,
     host_rules,
     mismatch,
     reward_model,
-    score_on_host,
+    rollout,
     scored_rewards,
     with_model_scores,
 )
@@ -82,11 +84,10 @@ from stack.algorithms.rlmath import (
     sampler_correction,
     sapo_surrogate,
 )
+from stack.algorithms.sampled_eval import eval_collect, eval_metrics, eval_sampling, host_scores, host_scores_spec
 from stack.config.schema.algorithm import GRPOConfig
 from stack.data.tokenizers import stop_ids
-from stack.rollout import Sampling, generate, sample_keys
-
-PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
+from stack.rollout import Sampling
 
 
 class GRPO:
@@ -121,6 +122,7 @@ class GRPO:
         self.is_correction = (is_correction, is_cap, is_floor)
         self.overlong = (overlong_interval, overlong_factor)
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
+        self.evals = eval_sampling(None, self.sampling, None)  # setup's, with the `eval` keys
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
         self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model alone
@@ -129,6 +131,7 @@ class GRPO:
         """The tokenizer and reward functions for scoring (or the reward model); the reference only when beta > 0."""
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
         self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id)
+        self.evals = eval_sampling(ctx.eval, self.sampling, host_rules(ctx.rewards))
         frozen = {**(self.reference.setup(policy, ctx) if self.beta else {}), **reward_model(policy, ctx)}
         if host_rules(ctx.rewards) is None:  # a reward model alone: nothing scored on the host
             self.score = self.scores_spec = None
@@ -136,20 +139,17 @@ class GRPO:
 
     def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
                 train: bool) -> Batch:
-        """G sampled completions per prompt (train) or one greedy one (eval), with old/ref log-probs."""
-        group = self.group if train else 1
-        sampling = self.sampling if train else replace(self.sampling, temperature=0.0)
-        rows = {k: jnp.repeat(batch[k], group, axis=1) for k in PROMPT_KEYS}
-        number = jnp.tile(jnp.arange(group), batch["index"].shape[1])
+        """G sampled completions per prompt with old/ref log-probs (train), or the eval's (sampled_eval)."""
+        if not train:
+            return eval_collect(models.policy, frozen, batch, key, self.evals)
+        rows = {k: jnp.repeat(batch[k], self.group, axis=1) for k in PROMPT_KEYS}
+        number = jnp.tile(jnp.arange(self.group), batch["index"].shape[1])
 
         def one(b: Batch) -> Batch:
-            out = generate(models.policy, b["prompt_ids"], b["prompt_mask"], sample_keys(key, b["index"], number),
-                           sampling)
-            xp = {**b, "completion": out.tokens, "completion_mask": out.mask, "truncated": out.truncated,
-                  "sampler_logps": out.logps}
-            if train and self.keep_old:
+            xp = rollout(models.policy, b, key, number, self.sampling)
+            if self.keep_old:
                 xp["old_logps"] = completion_logps(models.policy, xp, self.temperature)[0]
-            if train and self.beta:
+            if self.beta:
                 xp["ref_logps"] = completion_logps(self.reference.model(models, frozen), xp, self.temperature)[0]
             return with_model_scores(frozen, xp)
 
@@ -157,11 +157,10 @@ class GRPO:
 
     def _score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rewards of the decoded completions (NaN: no reward)."""
-        return score_on_host(self.tokenizer, host_rules(self.rewards), xp, host, self.rows)
+        return host_scores(self.tokenizer, host_rules(self.rewards), xp, host, self.rows)
 
     def _scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
-        """The shape of `score`'s result for experience of `xp`'s shapes."""
-        return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(host_rules(self.rewards).names)), jnp.float32)
+        return host_scores_spec(host_rules(self.rewards), xp)
 
     def finalize(self, xp: Batch, scores: jax.Array | None, state: Any) -> tuple[Batch, Any, Metrics]:
         """Group-relative advantages and the round's reward metrics (`scores` None: the reward model's)."""
@@ -276,7 +275,7 @@ class GRPO:
         return losses.sum(), batch["row_tokens"].sum() if "row_tokens" in batch else mask.sum()
 
     def evaluate(self, models: nnx.Module, xp: Batch, scores: jax.Array | None, frozen: Any, state: Any) -> Metrics:
-        return scored_rewards(self.rewards, xp, scores)[1]
+        return eval_metrics(self.rewards, xp, scores, self.evals)
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         """Prompt + completion tokens; of a prompt batch, the sequences collect samples from it."""

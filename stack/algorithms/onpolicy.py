@@ -3,7 +3,7 @@ completions, their scoring (rule functions on the host or a reward model on devi
 reward metrics."""
 
 import json
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,17 @@ from stack.data.tokenizers import stop_ids
 from stack.hardware.mesh import from_process_rows, process_rows
 from stack.models.modules import is_abstract
 from stack.rewards.model import ModelReward
+from stack.rollout import Sampling, generate, sample_keys
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")  # what collect reads of a prompt batch
+
+
+def rollout(policy: nnx.Module, b: Batch, key: jax.Array, number: jax.Array, sampling: Sampling) -> Batch:
+    """`b`'s prompts [R] with a completion each (sample `number` [R] of its record), its mask, whether it
+    hit max_new_tokens (`truncated`) and the sampler's log-probs."""
+    out = generate(policy, b["prompt_ids"], b["prompt_mask"], sample_keys(key, b["index"], number), sampling)
+    return {**b, "completion": out.tokens, "completion_mask": out.mask, "truncated": out.truncated,
+            "sampler_logps": out.logps}
 
 
 def sequences(xp: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -81,11 +92,12 @@ def mismatch(xp: Batch, logps: jax.Array) -> jax.Array:
     return jnp.where(xp["completion_mask"] > 0, jnp.abs(xp["sampler_logps"] - logps), 0).max()
 
 
-def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.ndarray],
-                  rows: Any) -> np.ndarray | jax.Array:
+def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.ndarray], rows: Any,
+                  answers: Callable[[list[str], int], np.ndarray] | None = None) -> np.ndarray | jax.Array:
     """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward); the host
     columns (e.g. `answer`) are repeated for the completions of each prompt. Each process scores
-    the completions of its own prompts (`rows`: the batch sharding, stack.hardware.mesh.process_rows)."""
+    the completions of its own prompts (`rows`: the batch sharding, stack.hardware.mesh.process_rows).
+    `answers(completions, rows per prompt)`: one more column (stack.algorithms.sampled_eval)."""
     ids, prompt_mask, completion, mask = process_rows(
         (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]), rows)
     n, local = completion.shape[:2]
@@ -97,8 +109,10 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
     completion_ids = [c[m > 0].tolist() for c, m in completion_rows]  # EOS included, as TRL
     completions = [tokenizer.decode(c[(m > 0) & ~np.isin(c, eos)].tolist()) for c, m in completion_rows]
     host = {k: np.repeat(v, group, axis=1).reshape(-1).tolist() for k, v in host.items()}
-    inputs = reward_inputs(prompts, completions, {**host, "completion_ids": completion_ids})
-    return from_process_rows(rewards(*inputs).reshape(n, local, -1), rows)
+    scores = rewards(*reward_inputs(prompts, completions, {**host, "completion_ids": completion_ids}))
+    if answers is not None:
+        scores = np.concatenate([scores, answers(completions, group)[:, None]], -1)
+    return from_process_rows(scores.reshape(n, local, -1), rows)
 
 
 def reward_inputs(prompts: list[str], completions: list[str], host: dict[str, list]) -> tuple[list, list, dict]:

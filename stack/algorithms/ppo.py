@@ -45,11 +45,12 @@ from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
 from stack.algorithms.onpolicy import (
+    PROMPT_KEYS,
     completion_features,
     completion_logps,
     host_rules,
     reward_model,
-    score_on_host,
+    rollout,
     scored_rewards,
     with_model_scores,
 )
@@ -63,14 +64,13 @@ from stack.algorithms.rlmath import (
     masked_mean,
     masked_whiten,
 )
+from stack.algorithms.sampled_eval import eval_collect, eval_metrics, eval_sampling, host_scores, host_scores_spec
 from stack.config.schema.rlhf import PPOConfig
 from stack.data.tokenizers import stop_ids
 from stack.errors import ConfigError
 from stack.models.heads import Critic, make_head
 from stack.models.modules import copy_module
-from stack.rollout import Sampling, generate, sample_keys
-
-PROMPT_KEYS = ("prompt_ids", "prompt_mask", "index")
+from stack.rollout import Sampling
 
 
 def rewards_per_token(
@@ -100,6 +100,7 @@ class PPO:
         self.cliprange, self.cliprange_value, self.vf_coef = cliprange, cliprange_value, vf_coef
         self.schedule = Schedule(num_ppo_epochs, num_mini_batches, shuffle=True)
         self.sampling = Sampling(max_new_tokens, temperature)
+        self.evals = eval_sampling(None, self.sampling, None)  # setup's, with the `eval` keys
         self.shared_trunk = shared_trunk
         self.reference = Reference((reference or {}).get("init_from"))
         self.tokenizer = self.rewards = self.rows = None
@@ -109,6 +110,7 @@ class PPO:
         """The value model (trained), the reference and a reward model (frozen), the KL coefficient."""
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
         self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id)
+        self.evals = eval_sampling(ctx.eval, self.sampling, host_rules(ctx.rewards))
         shared = ctx.quant.base is not None if self.shared_trunk is None else self.shared_trunk
         if not shared and ctx.quant.base is not None:
             raise ConfigError("'algorithm.shared_trunk'=false with LoRA would train a full value trunk beside the "
@@ -128,31 +130,28 @@ class PPO:
 
     def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
                 train: bool) -> Batch:
-        """One sampled (train) or greedy (eval) completion per prompt; with train the old log-probs,
-        the reference's and the values; with a reward model its scores (`rm_scores`)."""
-        sampling = self.sampling if train else replace(self.sampling, temperature=0.0)
+        """One sampled completion per prompt with the old log-probs, the reference's and the values
+        (train), or the eval's (sampled_eval); with a reward model its scores (`rm_scores`)."""
+        if not train:
+            return eval_collect(models.policy, frozen, batch, key, self.evals)
         rows = {k: batch[k] for k in PROMPT_KEYS}
 
         def one(b: Batch) -> Batch:
-            out = generate(models.policy, b["prompt_ids"], b["prompt_mask"],
-                           sample_keys(key, b["index"], jnp.zeros_like(b["index"])), sampling)
-            xp = {**b, "completion": out.tokens, "completion_mask": out.mask, "truncated": out.truncated,
-                  "sampler_logps": out.logps}
-            if train:
-                logps, _, features = completion_logps(models.policy, xp, self.temperature, features=True)
-                reference = self.reference.model(models, frozen)
-                xp.update(old_logps=logps, ref_logps=completion_logps(reference, xp, self.temperature)[0],
-                          old_values=self.values(models, xp, None if models.value.trunk is not None else features))
+            xp = rollout(models.policy, b, key, jnp.zeros_like(b["index"]), self.sampling)
+            logps, _, features = completion_logps(models.policy, xp, self.temperature, features=True)
+            reference = self.reference.model(models, frozen)
+            xp.update(old_logps=logps, ref_logps=completion_logps(reference, xp, self.temperature)[0],
+                      old_values=self.values(models, xp, None if models.value.trunk is not None else features))
             return jax.lax.stop_gradient(with_model_scores(frozen, xp))
 
         return map_micro(one, rows)
 
     def _score(self, xp: Batch, host: dict[str, np.ndarray]) -> np.ndarray:
         """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward)."""
-        return score_on_host(self.tokenizer, host_rules(self.rewards), xp, host, self.rows)
+        return host_scores(self.tokenizer, host_rules(self.rewards), xp, host, self.rows)
 
     def _scores_spec(self, xp: Batch) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((*xp["completion"].shape[:2], len(host_rules(self.rewards).names)), jnp.float32)
+        return host_scores_spec(host_rules(self.rewards), xp)
 
     def scores_of(self, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
         """The score per completion [n, R] (a rule reward nobody gave counts 0) and its metrics."""
@@ -201,7 +200,7 @@ class PPO:
         return (num, jnp.stack([tokens, tokens])), jax.lax.stop_gradient(metrics)
 
     def evaluate(self, models: nnx.Module, xp: Batch, scores: Any, frozen: Any, state: Any) -> Metrics:
-        return self.scores_of(xp, scores)[1]
+        return eval_metrics(self.rewards, xp, scores, self.evals)
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         """Prompt + completion tokens; of a prompt batch, the sequences collect samples from it."""

@@ -10,6 +10,7 @@ from stack.config.attention import check_attention
 from stack.config.hf_config import hf_config_to_model, read_config
 from stack.config.mesh import check_context, check_rules
 from stack.config.quantization import check_config, check_training
+from stack.config.sampled_eval import check_eval
 from stack.config.schema import CONFIG_MODULE, GROUPS
 from stack.config.targets import check_reward_function, check_targets
 from stack.errors import ConfigError, bad_choice, unknown_key
@@ -75,6 +76,7 @@ def validate(cfg: DictConfig) -> None:
     check_training(cfg.quantization)
     _check_algorithm(cfg)
     _check_reward(cfg)
+    check_eval(cfg)
     check_targets(cfg, tuple(cfg.allow_targets), objects=False)  # build() judges the objects
 
 

@@ -28,6 +28,7 @@ def _reference(answer: Any) -> str:
 
 
 def _final_answer(text: str) -> str | None:
+    """The last number in `text` (without thousands separators), else its last non-empty line."""
     numbers = NUMBER.findall(text)
     if numbers:
         return numbers[-1].replace(",", "")
@@ -38,6 +39,12 @@ def _final_answer(text: str) -> str | None:
 def _text(completion: str | list[dict]) -> str:
     """A completion's text: itself, or a conversational completion's last message's content."""
     return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
+def final_answer(completion: str | list[dict]) -> str | None:
+    """The answer `accuracy` reads from a completion (text or conversational): its final number,
+    else its last non-empty line; None when it is empty. Sampled evaluation votes on it (maj@k)."""
+    return _final_answer(_text(completion))
 
 
 def _same(got: str | None, want: str) -> bool:
@@ -55,7 +62,7 @@ def accuracy(prompts: list[str], completions: list[str], answer: list[str] | Non
     if answer is None:
         return [None] * len(completions)
     wants = [_reference(want) for want in answer]
-    return [None if want == "" else float(_same(_final_answer(_text(c)), want))
+    return [None if want == "" else float(_same(final_answer(c), want))
             for c, want in zip(completions, wants, strict=True)]
 
 
@@ -69,7 +76,7 @@ def digits(prompts: list[str], completions: list[str], answer: list[str] | None 
         if not want.lstrip("-").isdigit():
             out.append(None)
             continue
-        got = _final_answer(_text(c)) or ""
+        got = final_answer(c) or ""
         got = got if got.lstrip("-").isdigit() else ""
         width = max(len(got), len(want))
         same = sum(a == b for a, b in zip(got.rjust(width), want.rjust(width), strict=True))

@@ -21,6 +21,7 @@ class AlgorithmConfig:
     data_kinds: ClassVar[tuple[str, ...]] = ("sft", "text")
     objective: ClassVar[str] = "eval/loss"  # what trainer.objective means when it is null
     shared_prompt_rows: ClassVar[bool] = False  # reads data.share_prompt's one-row pairs
+    samples_at_eval: ClassVar[bool] = False  # its eval generates (the `eval` keys: stack.config.sampled_eval)
 
     @staticmethod
     def check(node: Any, cfg: Any) -> None:
@@ -197,6 +198,7 @@ class GRPOConfig(AlgorithmConfig):
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     data_kinds: ClassVar[tuple[str, ...]] = ("prompt",)
     objective: ClassVar[str] = "eval/reward"
+    samples_at_eval: ClassVar[bool] = True
     loss_types: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo")
 
     @staticmethod

@@ -52,6 +52,7 @@ class PPOConfig(AlgorithmConfig):
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     data_kinds: ClassVar[tuple[str, ...]] = ("prompt",)
     objective: ClassVar[str] = "eval/reward"
+    samples_at_eval: ClassVar[bool] = True
 
     @staticmethod
     def check(node: Any, cfg: Any) -> None:

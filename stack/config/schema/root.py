@@ -22,6 +22,15 @@ class TrainerConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Sampled evaluation of GRPO and PPO (stack.algorithms.sampled_eval); null keys: off or the default."""
+
+    num_samples: Optional[int] = None  # n sampled completions per eval prompt beside the greedy one: pass@k, maj@k
+    temperature: Optional[float] = None  # of those samples; null: algorithm.temperature
+    correct: Optional[str] = None  # the reward function whose score >= 1 marks a right answer; null: accuracy
+
+
+@dataclass
 class WarmStartConfig:
     """A first stage trained when `model.init_from` is not set (e.g. SFT before GRPO)."""
 
@@ -52,6 +61,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # a list group: its options only set flags
     launcher: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0
