@@ -1,4 +1,5 @@
-"""Hugging Face Llama `config.json` <-> the `model` group, without jax (preflight uses it).
+"""Hugging Face `config.json` <-> the `model` group, without jax (preflight uses it): Llama and the
+families of stack.config.hf_families.
 
 Reads both config styles: transformers<5 (`rope_theta`, `rope_scaling`) and >=5
 (`rope_parameters`); writes the current (>=5) one. `take_architecture` is `model=hf`: the
@@ -15,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from stack.config.hf_families import FAMILY_KEYS, architecture, check_family, family_config, family_fields, rope_of
 from stack.config.schema.model import ModelConfig
 from stack.errors import ConfigError
 
@@ -22,7 +24,7 @@ from stack.errors import ConfigError
 HF_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
            "d_ff": "intermediate_size", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
-           "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings"}
+           "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings", **FAMILY_KEYS}
 SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 PARAM_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -43,29 +45,13 @@ def hf_model_config(root: str, reward: bool = False) -> DictConfig:
     return OmegaConf.merge(OmegaConf.structured(ModelConfig), hf_config_to_model(read_config(root), reward))
 
 
-def _check_llama(hf: dict, reward: bool = False) -> None:
-    """Reject configs of models other than a bias-free SiLU LlamaForCausalLM (`reward`: a
-    LlamaForSequenceClassification with one label, TRL's reward model)."""
-    want, use = ("LlamaForSequenceClassification", "as a reward model") if reward else ("LlamaForCausalLM",
-                                                                                         "with this model")
-    archs = hf.get("architectures") or [want]
-    if hf.get("model_type") != "llama" or archs != [want]:
-        raise ConfigError(f"config.json describes model_type={hf.get('model_type')!r}, architectures={archs}; "
-                          f"only Llama checkpoints (model_type 'llama', {want}) can be used {use}.")
+def hf_config_to_model(hf: dict, reward: bool = False) -> dict:
+    """The ModelConfig fields implied by a HF `config.json` (head_dim None if derived; `reward`: of a
+    one-label sequence classifier)."""
+    check_family(hf, reward)
     labels = len(hf.get("id2label") or {0: 0, 1: 1})  # transformers' default: 2 labels
     if reward and labels != 1:
         raise ConfigError(f"config.json has {labels} labels (id2label); a reward model scores with one (num_labels=1).")
-    unsupported = {k: hf[k] for k, ok in (("attention_bias", False), ("mlp_bias", False),
-                                          ("hidden_act", "silu")) if hf.get(k, ok) != ok}
-    if unsupported:
-        raise ConfigError(f"config.json sets {unsupported}, which this Llama does not support "
-                          "(it has no biases and uses SiLU).")
-
-
-def hf_config_to_model(hf: dict, reward: bool = False) -> dict:
-    """The ModelConfig fields implied by a HF Llama `config.json` (head_dim None if derived;
-    `reward`: of a LlamaForSequenceClassification)."""
-    _check_llama(hf, reward)
     try:
         d, heads = hf["hidden_size"], hf["num_attention_heads"]
         out = {"vocab_size": hf["vocab_size"], "d_model": d, "n_layers": hf["num_hidden_layers"],
@@ -73,16 +59,15 @@ def hf_config_to_model(hf: dict, reward: bool = False) -> dict:
                "d_ff": hf["intermediate_size"]}
     except KeyError as e:
         raise ConfigError(f"config.json has no {e.args[0]!r}, which a Llama config needs.") from None
-    rope = hf.get("rope_parameters") or {}  # transformers>=5: theta and scaling in one dict
-    scaling = hf.get("rope_scaling") or rope
+    scaling = rope_of(hf)  # transformers>=5: theta and scaling in one dict
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind not in ("default", "llama3"):
-        raise ConfigError(f"config.json rope_scaling type {kind!r} is not supported (only 'llama3').")
+    if kind not in ("default", "llama3", "linear"):
+        raise ConfigError(f"config.json rope_scaling type {kind!r} is not supported (llama3 or linear).")
+    keys = SCALING_KEYS if kind == "llama3" else ("factor",) if kind == "linear" else ()
     head_dim = hf.get("head_dim")
-    return {**out, "head_dim": None if head_dim in (None, d // heads) else head_dim,
-            "rope_theta": float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            "rope_scaling": {"type": "llama3", **{k: scaling[k] for k in SCALING_KEYS}}
-            if kind == "llama3" else {"type": "default"},
+    return {**out, **family_fields(hf), "head_dim": None if head_dim in (None, d // heads) else head_dim,
+            "rope_theta": float(hf.get("rope_theta", scaling.get("rope_theta", 10000.0))),
+            "rope_scaling": {"type": kind, **{k: scaling[k] for k in keys}},
             "max_seq_len": hf.get("max_position_embeddings", 2048),
             "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
@@ -90,13 +75,14 @@ def hf_config_to_model(hf: dict, reward: bool = False) -> dict:
 
 def _ours(cfg: Any) -> dict:
     """`cfg`'s values of the fields in HF_KEYS, head_dim resolved, rope_scaling as a dict."""
-    out = {k: getattr(cfg, k) for k in HF_KEYS}
+    out = {k: getattr(cfg, k, None) for k in HF_KEYS}  # None: a run config written before the key
     out["head_dim"] = cfg.head_dim or cfg.d_model // cfg.n_heads
+    out["attention_bias"], out["qk_norm"] = bool(out["attention_bias"]), bool(out["qk_norm"])
+    out["layer_types"] = None if out["layer_types"] is None else list(out["layer_types"])
     s = cfg.rope_scaling
-    scaled = s is not None and s.type != "default"  # None: a run config written before the typed field
-    out["rope_scaling"] = (
-        {"type": s.type, **{k: getattr(s, k) for k in SCALING_KEYS}} if scaled else {"type": "default"}
-    )
+    kind = "default" if s is None else s.type  # None: a run config written before the typed field
+    keys = SCALING_KEYS if kind == "llama3" else ("factor",) if kind == "linear" else ()
+    out["rope_scaling"] = {"type": kind, **{k: getattr(s, k) for k in keys}}
     return out
 
 
@@ -158,18 +144,18 @@ def hf_config(cfg: Any, dtype: str = "float32", bos_token_id: int | None = None,
     `reward`: a LlamaForSequenceClassification with one label (a reward model, as TRL's
     RewardTrainer saves one)."""
     ours = _ours(cfg)
-    rope = {"rope_theta": float(ours["rope_theta"]), "rope_type": "default"}
-    if ours["rope_scaling"]["type"] == "llama3":
-        rope |= {"rope_type": "llama3", **{k: ours["rope_scaling"][k] for k in SCALING_KEYS}}
-    hf = {HF_KEYS[k]: v for k, v in ours.items() if k not in ("rope_theta", "rope_scaling")}
+    scaling = dict(ours["rope_scaling"])
+    rope = {"rope_theta": float(ours["rope_theta"]), "rope_type": scaling.pop("type"), **scaling}
+    hf = {HF_KEYS[k]: v for k, v in ours.items() if k not in ("rope_theta", "rope_scaling", *FAMILY_KEYS)}
     hf |= {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-           "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
+           "attention_bias": ours["attention_bias"], "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
            "use_cache": True, "max_position_embeddings": cfg.max_seq_len, "initializer_range": cfg.init_std,
            "dtype": dtype, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
            "pad_token_id": pad_token_id, "rope_parameters": dict(sorted(rope.items())),
            "rope_theta": rope["rope_theta"]}  # also top-level: tools that read only it fell back to 10000
+    hf |= family_config(cfg, dict(sorted(rope.items())))
     if reward:
-        hf |= {"architectures": ["LlamaForSequenceClassification"], "id2label": {"0": "LABEL_0"},
+        hf |= {"architectures": [architecture(cfg.family, reward=True)], "id2label": {"0": "LABEL_0"},
                "label2id": {"LABEL_0": 0}}
     return dict(sorted(hf.items()))
 

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from stack.config.attention import check_attention
 from stack.config.hf_config import hf_config_to_model, read_config
 from stack.config.mesh import check_context, check_rules
+from stack.config.model_family import check_family
 from stack.config.quantization import check_config, check_training
 from stack.config.sampled_eval import check_eval
 from stack.config.schema import CONFIG_MODULE, GROUPS
@@ -25,7 +26,7 @@ CHOICES = {
     "trainer.nan_policy": ("stop", "ignore"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
-    "model.rope_scaling.type": ("default", "llama3"),
+    "model.rope_scaling.type": ("default", "llama3", "linear"),
     "model.remat": ("none", "full", "dots"),
     "checkpoint.name": ("none", "local", "persistent", "multi_tier"),
     "hardware.platform": ("cpu", "gpu", "tpu"),
@@ -56,6 +57,7 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"'{key}' must be a positive integer, got {value!r}.")
     m = cfg.model
     _check_model(m, cfg.data.seq_len)
+    check_family(m)
     check_rules(cfg.mesh)
     check_attention(m, cfg.hardware.platform, cfg.data.seq_len, check_context(cfg.mesh, cfg.data.seq_len))
     if m.scan_layers and cfg.quantization.method != "none":

@@ -79,13 +79,14 @@ def unfold_queries(out: Array, t: int) -> Array:
     return out.reshape(b, kv, -1, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
 
 
-def causal_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
+def causal_attention(q: Array, k: Array, v: Array, mask: Array, scale: float | None = None) -> Array:
     """q [B, T, H, hd] (RoPE applied), k and v [B, T, kv, hd], mask bool [B, T, T] (True = may attend;
-    within the causal mask, each query seeing its own position) -> [B, T, H*hd]."""
+    within the causal mask, each query seeing its own position) -> [B, T, H*hd]. The scores are
+    scaled by `scale` (None: 1/sqrt(hd))."""
     t, h, hd = q.shape[1:]
     kv = k.shape[2]
     rows = t // query_blocks(t)
-    q = q * (1 / math.sqrt(hd))
+    q = q * (1 / math.sqrt(hd) if scale is None else scale)
     outs = []
     for end in range(rows, t + 1, rows):  # block [end - rows, end) against keys [0, end)
         queries = slice(end - rows, end)

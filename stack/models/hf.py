@@ -1,7 +1,10 @@
-"""Hugging Face Llama interop: safetensors <-> NNX params (config.json: stack.config.hf_config).
+"""Hugging Face interop (Llama and the families of stack.models.family): safetensors <-> NNX params
+(config.json: stack.config.hf_config).
 
-HF's `LlamaForCausalLM` uses the same rotate-half RoPE as `stack.models.llama`, so q/k need
-no permutation; torch `Linear.weight` is [out, in], our kernels are [in, out] (transposed).
+HF's causal LMs use the same rotate-half RoPE as `stack.models.llama`, so q/k need no permutation;
+torch `Linear.weight` is [out, in], our kernels are [in, out] (transposed). Gemma 3 names its norms
+input / post_attention / pre_feedforward / post_feedforward_layernorm; the others input and
+post_attention (the norm before the MLP).
 """
 
 from __future__ import annotations
@@ -29,20 +32,28 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
-def _hf_name(path: tuple) -> str:
+NORMS = {"attn_norm": "input", "mlp_norm": "post_attention"}
+GEMMA_NORMS = {"attn_norm": "input", "post_attn_norm": "post_attention", "mlp_norm": "pre_feedforward",
+               "post_mlp_norm": "post_feedforward"}
+
+
+def _hf_name(path: tuple, gemma: bool = False) -> str:
     """HF tensor name of the param at NNX state `path` (e.g. ('layers', 0, 'attn', 'q_proj', 'kernel'))."""
     if path[0] != "layers":
         return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
                 "lm_head": "lm_head.weight"}[path[0]]
     i, part = path[1], path[2]
-    if part in ("attn_norm", "mlp_norm"):
-        return f"model.layers.{i}.{'input' if part == 'attn_norm' else 'post_attention'}_layernorm.weight"
-    return f"model.layers.{i}.{'self_attn' if part == 'attn' else 'mlp'}.{path[3]}.weight"
+    norms = GEMMA_NORMS if gemma else NORMS
+    if part in norms:
+        return f"model.layers.{i}.{norms[part]}_layernorm.weight"
+    leaf = "bias" if path[-1] == "bias" else "weight"
+    return f"model.layers.{i}.{'self_attn' if part == 'attn' else 'mlp'}.{path[3]}.{leaf}"
 
 
 def _params(model: nnx.Module) -> dict[str, tuple[nnx.Variable, bool]]:
     """HF name -> (our Param variable, whether the HF tensor is its transpose)."""
-    return {_hf_name(p): (v, p[-1] == "kernel") for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    gemma = getattr(getattr(model, "variant", None), "gemma", False)
+    return {_hf_name(p, gemma): (v, p[-1] == "kernel") for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
 def _sharding(x: Any) -> jax.sharding.Sharding:

@@ -1,11 +1,11 @@
-"""Llama-family decoder (Llama 2/3, GQA, SwiGLU, RoPE with optional llama3 scaling) in Flax NNX.
+"""The decoder (Llama 2/3, and the families of stack.models.family: Qwen2/3, Mistral, Gemma 3) in
+Flax NNX: GQA, a gated MLP, RoPE with optional llama3 or linear scaling; its layers in
+stack.models.blocks.
 
-Every parameter carries logical-axis sharding metadata (`out_sharding`), names among "vocab",
-"embed", "heads", "kv_heads", "head_dim", "mlp", "norm". Module paths mirror HF: `embed`,
-`layers/<i>/attn/{q,k,v,o}_proj`, `layers/<i>/mlp/{gate,up,down}_proj`, `layers/<i>/{attn,mlp}_norm`,
-`norm`, `lm_head` (absent when embeddings are tied). Training memory: `model.remat` (`full`, `dots`)
-wraps each decoder layer in `nnx.remat` (the backward recomputes it; `dots` keeps matmul outputs);
-`model.scan_layers` runs the layers as one `jax.lax.scan` (stack.models.layer_stack).
+Module paths mirror HF: `embed`, `layers/<i>/...` (stack.models.blocks), `norm`, `lm_head` (absent
+when embeddings are tied). Training memory: `model.remat` (`full`, `dots`) wraps each decoder layer
+in `nnx.remat` (the backward recomputes it; `dots` keeps matmul outputs); `model.scan_layers` runs
+the layers as one `jax.lax.scan` (stack.models.layer_stack; layers of one kind only).
 
 Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens' keys and values
 into the cache's slots, attends over each query's valid slots, returns (logits, cache); stack.models.kv_cache.
@@ -23,115 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stack.models.attention import KERNELS, applies, platform_attention
-from stack.models.attention_core import NEG, causal_attention, fold_queries, unfold_queries
+from stack.models.attention import KERNELS, applies
+from stack.models.blocks import MLP, Attention, Block, RMSNorm, linear
+from stack.models.family import variant_of
 from stack.models.kv_cache import KVCache
 from stack.models.layer_stack import run_layers
-from stack.models.qkv import qkv
-from stack.models.rope import apply_rope, rope_inv_freq, rope_tables
+from stack.models.rope import rope_inv_freq, rope_tables
 from stack.models.shape import LlamaShape
-from stack.models.swiglu import swiglu
 
 Array = jax.Array
-
-
-def _linear(d_in: int, d_out: int, names: tuple[str, str], cfg: LlamaShape, rngs: nnx.Rngs) -> nnx.Linear:
-    """Bias-free projection with a normal(init_std) kernel annotated with logical axes."""
-    init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), names)
-    return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=init, dtype=jnp.dtype(cfg.dtype),
-                      param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
-
-
-class RMSNorm(nnx.Module):
-    """Root-mean-square norm computed in float32, output cast to the compute dtype."""
-
-    def __init__(self, dim: int, eps: float, dtype: Any, param_dtype: Any, *, rngs: nnx.Rngs):
-        init = nnx.with_partitioning(nnx.initializers.ones, ("norm",))
-        self.weight = nnx.Param(init(rngs.params(), (dim,), param_dtype))
-        self.eps = eps
-        self.dtype = dtype
-
-    def __call__(self, x: Array) -> Array:
-        x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (x32 * self.weight[...].astype(jnp.float32)).astype(self.dtype)
-
-
-class Attention(nnx.Module):
-    """Grouped-query self-attention with RoPE; K/V heads are shared by groups of Q heads. `fused`: the
-    Q, K and V projections as one product with a hand-written backward (stack.models.qkv) and, in
-    calls without a cache, stack.models.attention_core (hand-written backward, causal query blocks)
-    instead of autodiff of the einsums below; `unfuse`d as the MLP is. Unfused, that core gained
-    nothing, so it comes with the fused projections only."""
-
-    def __init__(self, cfg: LlamaShape, head_dim: int, *, rngs: nnx.Rngs):
-        d, h, kv = cfg.d_model, cfg.n_heads, cfg.n_kv_heads
-        if h % kv:
-            raise ValueError(f"n_kv_heads={kv} must divide n_heads={h}")
-        self.n_heads, self.n_kv_heads, self.head_dim = h, kv, head_dim
-        self.q_proj = _linear(d, h * head_dim, ("embed", "heads"), cfg, rngs)
-        self.k_proj = _linear(d, kv * head_dim, ("embed", "kv_heads"), cfg, rngs)
-        self.v_proj = _linear(d, kv * head_dim, ("embed", "kv_heads"), cfg, rngs)
-        self.o_proj = _linear(h * head_dim, d, ("heads", "embed"), cfg, rngs)
-        self.fused = True
-        self.kernel, self.block, self.interpret = "core", None, False  # set by use_attention
-
-    def _project(self, x: Array) -> tuple[Array, Array, Array]:
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        if not self.fused:
-            return tuple(p(x) for p in projections)
-        dtype = self.q_proj.dtype
-        return qkv(x.astype(dtype), *(p.kernel[...].astype(dtype) for p in projections))
-
-    def __call__(self, x: Array, rope: tuple[Array, Array], mask: Array,
-                 cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
-        """x [B, T, D], rope: `rope_tables` of the positions [B, T], mask bool [B, T, S] (True = may attend),
-        or int segment ids [B, T] for the platform kernel (stack.models.attention; causal within a segment).
-
-        With `cache` = (keys [B, S, kv, hd], values, write index): this call's keys and values
-        are written at the index and attention runs over all S slots; returns (out, (keys, values)).
-        """
-        b, t, _ = x.shape
-        kv, g, hd = self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim
-        q, k, v = self._project(x)
-        q = apply_rope(q.reshape(b, t, kv * g, hd), rope)
-        k = apply_rope(k.reshape(b, t, kv, hd), rope)
-        v = v.reshape(b, t, kv, hd)
-        if mask.ndim == 2:  # segment ids: Llama.hidden chose the platform kernel
-            out = platform_attention(self.kernel, q, k, v, mask, self.block, self.interpret)
-            return self.o_proj(out.reshape(b, t, kv * g * hd))
-        if self.fused and cache is None:
-            return self.o_proj(causal_attention(q, k, v, mask))
-        if cache is not None:
-            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache[2], 0, 0))
-            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache[2], 0, 0))
-        # a kv head's g query heads folded into the query axis: both products are batched matmuls
-        scores = jnp.einsum("bkqd,bskd->bkqs", fold_queries(q, kv), k, preferred_element_type=jnp.float32)
-        scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores / math.sqrt(hd), NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = self.o_proj(unfold_queries(jnp.einsum("bkqs,bskd->bkqd", probs, v), t))
-        return out if cache is None else (out, (k, v))
-
-
-class MLP(nnx.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). `fused`: stack.models.swiglu, gate and up one
-    product of the kernels stacked at call time, [D, 2, F] (params keep HF's layout), with a hand-written
-    backward, faster on CPU than unfused. `unfuse`d for Qwix (it intercepts each projection's call) and
-    off CPU (stack.checkpoint.policy.initial_model: fused, Llama 3 8B SFT on TPU compiled to more memory
-    per chip)."""
-
-    def __init__(self, cfg: LlamaShape, *, rngs: nnx.Rngs):
-        self.gate_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), cfg, rngs)
-        self.up_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), cfg, rngs)
-        self.down_proj = _linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"), cfg, rngs)
-        self.fused = True
-
-    def __call__(self, x: Array) -> Array:
-        if not self.fused:
-            return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
-        dtype = self.gate_proj.dtype
-        kernels = (p.kernel[...].astype(dtype) for p in (self.gate_proj, self.up_proj, self.down_proj))
-        return swiglu(x.astype(dtype), *kernels)
 
 
 def use_attention(model: nnx.Module, kernel: str, block: Optional[int] = None, interpret: bool = False) -> nnx.Module:
@@ -156,54 +56,38 @@ def unfuse(model: nnx.Module) -> nnx.Module:
     return model
 
 
-class Block(nnx.Module):
-    """Pre-norm residual decoder block: x + attn(norm(x)), then + mlp(norm(.))."""
-
-    def __init__(self, cfg: LlamaShape, head_dim: int, *, rngs: nnx.Rngs):
-        dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs)
-        self.attn = Attention(cfg, head_dim, rngs=rngs)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
-
-    def __call__(self, x: Array, rope: tuple[Array, Array], mask: Array,
-                 cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
-        if cache is None:
-            x = x + self.attn(self.attn_norm(x), rope, mask)
-            return x + self.mlp(self.mlp_norm(x))
-        h, kv = self.attn(self.attn_norm(x), rope, mask, cache)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), kv
-
-
 def head_dim_of(cfg: LlamaShape) -> int:
     """The attention head size: `head_dim`, or d_model / n_heads when unset."""
     return cfg.head_dim or cfg.d_model // cfg.n_heads
 
 
 class Llama(nnx.Module):
-    """Llama decoder: tokens [B, T] int32 -> float32 logits [B, T, vocab_size]."""
+    """The decoder: tokens [B, T] int32 -> float32 logits [B, T, vocab_size] (a family's, by its Variant)."""
 
     def __init__(self, cfg: LlamaShape, *, rngs: nnx.Rngs, layers: Optional[Callable[[nnx.Rngs], list]] = None):
         dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         head_dim = head_dim_of(cfg)
         if head_dim % 2:
             raise ValueError(f"head_dim={head_dim} must be even for RoPE")
-        self.dtype = dtype
+        self.dtype, self.variant = dtype, variant_of(cfg)
         self.tie_embeddings = bool(cfg.tie_embeddings)
         self.remat = str(getattr(cfg, "remat", "none"))
         self.scan_layers = bool(getattr(cfg, "scan_layers", False))
         self.attention, self.attention_block = "core", None  # set by use_attention
-        # static (hashable) RoPE table; the config itself is not stored (it is unhashable)
-        self.inv_freq = tuple(rope_inv_freq(head_dim, cfg.rope_theta, cfg.rope_scaling).tolist())
+        # static (hashable) RoPE tables of full and sliding layers; the config itself is not stored (it is unhashable)
+        full = tuple(rope_inv_freq(head_dim, cfg.rope_theta, cfg.rope_scaling).tolist())
+        local = self.variant.rope_local_theta
+        self.inv_freqs = (full, full if local is None else tuple(rope_inv_freq(head_dim, local).tolist()))
+        self.embed_scale = math.sqrt(cfg.d_model) if self.variant.gemma else None
         embed_init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), ("vocab", "embed"))
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=pdtype,
                                embedding_init=embed_init, rngs=rngs)
-        make = layers or (lambda r: [Block(cfg, head_dim, rngs=r) for _ in range(cfg.n_layers)])
+        make = layers or (lambda r: [Block(cfg, head_dim, self.variant, self.variant.window(i), rngs=r)
+                                     for i in range(cfg.n_layers)])
         self.layers = nnx.List(make(rngs))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs)
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype, pdtype, rngs=rngs, offset=self.variant.gemma)
         if not self.tie_embeddings:
-            self.lm_head = _linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg, rngs)
+            self.lm_head = linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg, rngs)
 
     def __call__(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
                  cache: Optional[KVCache] = None, targets: Optional[Array] = None, temperature: float = 1.0,
@@ -253,37 +137,62 @@ class Llama(nnx.Module):
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        ropes = self._ropes(positions, rows=t)  # positions < t
         if parent_ids is None and applies(self.attention, t, self.attention_block):  # no [T, T] mask
             segments = jnp.ones((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
-            args = (rope_tables(positions, np.asarray(self.inv_freq, np.float32), rows=t), segments)
-            return run_layers(self.layers, self.embed(tokens), args, self.remat, self.scan_layers)
+            return run_layers(self.layers, self._embed(tokens), (ropes, (segments, segments)), self.remat,
+                              self.scan_layers)
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), dtype=bool)), (b, t, t))
         if segment_ids is not None:
             same = segment_ids[:, :, None] == segment_ids[:, None, :]
             if parent_ids is not None:
                 same = same | (parent_ids[:, :, None] == segment_ids[:, None, :])
             mask = mask & same
-        args = (rope_tables(positions, np.asarray(self.inv_freq, np.float32), rows=t), mask)  # positions < t
-        return run_layers(self.layers, self.embed(tokens), args, self.remat, self.scan_layers)
+        index = jnp.arange(t)
+        masks = (mask, self._windowed(mask, index, index))
+        return run_layers(self.layers, self._embed(tokens), (ropes, masks), self.remat, self.scan_layers)
+
+    def _embed(self, tokens: Array) -> Array:
+        """The token embeddings (Gemma's times sqrt(d_model), rounded to the params' dtype as transformers does)."""
+        x = self.embed(tokens)
+        if self.embed_scale is None:
+            return x
+        return x * jnp.asarray(self.embed_scale, self.embed.embedding.dtype).astype(x.dtype)
+
+    def _ropes(self, positions: Array, rows: Optional[int] = None) -> tuple:
+        """The (full, sliding) layers' RoPE tables of `positions` (one object when they are the same)."""
+        full = rope_tables(positions, np.asarray(self.inv_freqs[0], np.float32), rows=rows)
+        same = self.inv_freqs[1] == self.inv_freqs[0]
+        return full, full if same else rope_tables(positions, np.asarray(self.inv_freqs[1], np.float32), rows=rows)
+
+    def _windowed(self, mask: Array, queries: Array, keys: Array) -> Array:
+        """`mask` [B, Tq, S] of a sliding layer: a query also sees only keys with index > query − window
+        (transformers' sliding_window_overlay); `mask` itself without sliding layers."""
+        window = self.variant.sliding_window
+        if window is None or not any(self.variant.sliding):
+            return mask
+        return mask & (queries[:, None] - keys[None, :] < window)[None]
 
     def head(self, x: Array) -> Array:
-        """Float32 logits of hidden states (final norm, then the output projection)."""
+        """Float32 logits of hidden states (final norm, then the output projection; Gemma's soft-capping)."""
         x = self.norm(x)
-        logits = self.embed.attend(x) if self.tie_embeddings else self.lm_head(x)
-        return logits.astype(jnp.float32)
+        logits = (self.embed.attend(x) if self.tie_embeddings else self.lm_head(x)).astype(jnp.float32)
+        cap = self.variant.final_softcap
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def _cached(self, tokens: Array, positions: Array, segment_ids: Optional[Array],
                 cache: KVCache) -> tuple[Array, KVCache]:
-        """The new tokens written at the cache's index; each query sees the valid slots up to its own."""
+        """The new tokens written at the cache's index; each query sees the valid slots up to its own
+        (a sliding layer's: those within its window)."""
         b, t = tokens.shape
         real = jnp.ones((b, t), bool) if segment_ids is None else segment_ids > 0
         valid = jax.lax.dynamic_update_slice(cache.valid, real, (0, cache.index))
         slots, queries = jnp.arange(valid.shape[1]), cache.index + jnp.arange(t)
         mask = valid[:, None, :] & (slots[None, None, :] <= queries[None, :, None])
-        rope = rope_tables(positions, np.asarray(self.inv_freq, np.float32))
-        x, keys, values = self.embed(tokens), [], []
+        masks, ropes = (mask, self._windowed(mask, queries, slots)), self._ropes(positions)
+        x, keys, values = self._embed(tokens), [], []
         for layer, k, v in zip(self.layers, cache.k, cache.v, strict=True):
-            x, (k, v) = layer(x, rope, mask, (k, v, cache.index))
+            x, (k, v) = layer(x, ropes, masks, (k, v, cache.index))
             keys.append(k)
             values.append(v)
         return self.head(x), KVCache(tuple(keys), tuple(values), valid, cache.index + t)

@@ -1,5 +1,5 @@
 """Rotary position embeddings as HF Llama computes them: the inverse frequencies (with the
-llama3 scaling of Llama 3.1+) and the rotate-half rotation."""
+llama3 scaling of Llama 3.1+, or linear scaling: Gemma 3's global layers) and the rotate-half rotation."""
 
 import math
 from typing import Optional
@@ -14,12 +14,14 @@ Array = jax.Array
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[RopeScaling] = None) -> np.ndarray:
-    """RoPE inverse frequencies [head_dim // 2] (float32); HF's llama3 scaling unless None / default."""
+    """RoPE inverse frequencies [head_dim // 2] (float32); HF's llama3 or linear scaling unless None / default."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     if scaling is None or scaling.type == "default":
         return inv_freq.astype(np.float32)
+    if scaling.type == "linear":  # transformers' _compute_linear_scaling_rope_parameters
+        return (inv_freq / scaling.factor).astype(np.float32)
     if scaling.type != "llama3":
-        raise ValueError(f"unsupported rope_scaling.type {scaling.type!r} (only 'llama3')")
+        raise ValueError(f"unsupported rope_scaling.type {scaling.type!r} (llama3 or linear)")
     factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
     old_len = scaling.original_max_position_embeddings
     wavelen = 2 * math.pi / inv_freq

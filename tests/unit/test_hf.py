@@ -168,9 +168,12 @@ def test_config_both_transformers_styles():
            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
            "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    llama = {"family": None, "attention_bias": False, "qk_norm": False, "sliding_window": None, "layer_types": None,
+             "rope_local_theta": None, "query_pre_attn_scalar": None, "final_logit_softcapping": None,
+             "hidden_act": None}  # the family keys: all off
     want = {"vocab_size": 128256, "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8,
             "head_dim": None, "d_ff": 14336, "rope_theta": 500000.0, "max_seq_len": 131072,
-            "norm_eps": 1e-5, "tie_embeddings": False,
+            "norm_eps": 1e-5, "tie_embeddings": False, **llama,
             "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
     assert hf_config_to_model(old) == want
@@ -197,10 +200,12 @@ def test_config_mismatch_names_every_key(saved):
     assert rows == {"model.n_layers": ["3", "num_hidden_layers=2"], "model.d_ff": ["96", "intermediate_size=80"]}
 
 
-def test_rejects_non_llama(saved):
+def test_rejects_other_models(saved):
     with open(saved / "config.json") as f:
         hf = json.load(f)
-    with pytest.raises(ConfigError, match="model_type='mistral'.*only Llama"):
+    with pytest.raises(ConfigError, match="model_type='phi3'.*stack reads a causal LM of model_type llama, qwen2"):
+        check_config({**hf, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}, our_cfg())
+    with pytest.raises(ConfigError, match="model.family +None +model_type=mistral"):  # a Mistral read as a Llama
         check_config({**hf, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, our_cfg())
 
 

@@ -94,8 +94,8 @@ def test_grpo_trains_scored_by_it(functions, tmp_path):
 
 
 @pytest.mark.parametrize("kind,match", [
-    ("causal", r"architectures=\['LlamaForCausalLM'\]; only Llama checkpoints \(model_type 'llama', "
-               r"LlamaForSequenceClassification\) can be used as a reward model"),
+    ("causal", r"architectures=\['LlamaForCausalLM'\]; stack reads a one-label sequence classifier "
+               r"\(reward model\) of model_type llama"),
     ("labels", r"config.json has 2 labels \(id2label\); a reward model scores with one"),
     ("vocab", r"has vocab_size=512 and the policy model.vocab_size=384: .* must share its tokenizer"),
 ])

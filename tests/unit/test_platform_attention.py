@@ -25,9 +25,12 @@ def segments(t: int) -> jnp.ndarray:
     return jnp.asarray(np.stack([packed, padded]), jnp.int32)
 
 
-def dense(seg: jnp.ndarray) -> jnp.ndarray:
+def dense(seg: jnp.ndarray, window: int | None = None) -> jnp.ndarray:
+    """The causal mask within segments (and a sliding window: key index > query index − window), by hand."""
     t = seg.shape[1]
-    return jnp.tril(jnp.ones((t, t), bool))[None] & (seg[:, :, None] == seg[:, None, :])
+    i = np.arange(t)
+    band = (i[:, None] - i[None, :] < window) if window else np.ones((t, t), bool)
+    return jnp.tril(jnp.ones((t, t), bool))[None] & (seg[:, :, None] == seg[:, None, :]) & band[None]
 
 
 def inputs(t: int, heads: int, kv: int, hd: int, dtype=jnp.float32):
@@ -37,20 +40,23 @@ def inputs(t: int, heads: int, kv: int, hd: int, dtype=jnp.float32):
     return q, k, v, jax.random.normal(keys[3], (2, t, heads, hd), dtype)
 
 
-def kernel_fn(kernel: str, seg: jnp.ndarray, block: int | None = None):
+def kernel_fn(kernel: str, seg: jnp.ndarray, block: int | None = None, window: int | None = None,
+              scale: float | None = None):
     if kernel == "core":
-        return lambda q, k, v: causal_attention(q, k, v, dense(seg)).reshape(q.shape)
-    return lambda q, k, v: platform_attention(kernel, q, k, v, seg, block, interpret=True)
+        return lambda q, k, v: causal_attention(q, k, v, dense(seg, window), scale).reshape(q.shape)
+    return lambda q, k, v: platform_attention(kernel, q, k, v, seg, block, interpret=True, window=window, scale=scale)
 
 
-@pytest.mark.parametrize("kernel, t, heads, kv, block", [("splash", 256, 4, 2, None), ("splash", 512, 4, 1, 128),
-                                                         ("splash", 256, 4, 4, None), ("xla", 256, 4, 2, None)])
-def test_forward_and_gradients_equal_the_core(kernel, t, heads, kv, block):
+@pytest.mark.parametrize("kernel, t, heads, kv, block, window, scale", [
+    ("splash", 256, 4, 2, None, None, None), ("splash", 512, 4, 1, 128, None, None),
+    ("splash", 256, 4, 4, None, None, None), ("xla", 256, 4, 2, None, None, None),
+    ("splash", 256, 4, 2, 128, 100, 0.2), ("xla", 256, 4, 2, None, 100, 0.2)])  # a sliding layer, Gemma's scale
+def test_forward_and_gradients_equal_the_core(kernel, t, heads, kv, block, window, scale):
     """float32: within 1e-5 (summation order differs: splash adds key blocks one at a time)."""
     q, k, v, cotangent = inputs(t, heads, kv, 64)
     seg = segments(t)
-    got, got_vjp = jax.vjp(jax.jit(kernel_fn(kernel, seg, block)), q, k, v)
-    want, want_vjp = jax.vjp(jax.jit(kernel_fn("core", seg)), q, k, v)
+    got, got_vjp = jax.vjp(jax.jit(kernel_fn(kernel, seg, block, window, scale)), q, k, v)
+    want, want_vjp = jax.vjp(jax.jit(kernel_fn("core", seg, window=window, scale=scale)), q, k, v)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     for g, w in zip(got_vjp(cotangent), want_vjp(cotangent), strict=True):
         assert np.abs(np.asarray(w)).max() > 0.1
