@@ -7,7 +7,9 @@ tokenizer, else tokenizer_config.json's `chat_template` (a string, or the entry 
 
 Loss (TRL SFTTrainer `assistant_only_loss`, transformers `return_assistant_tokens_mask`): the
 `{% generation %}...{% endgeneration %}` spans where the template has them, else each assistant
-message's content and the tokenizer's eos_token when it directly follows. The rendered text
+message's content and the special token that directly follows it: the eos_token, or another of
+the tokenizer's special tokens (the end of turn the model emits: Qwen's <|im_end|> where eos is
+<|endoftext|>, Gemma's <end_of_turn> where eos is <eos>). The rendered text
 carries its own specials, so the encoder adds no BOS/EOS around it.
 """
 
@@ -82,8 +84,10 @@ class JinjaTemplate:
 
     own_specials = True  # the rendered text holds BOS / end-of-turn tokens itself
 
-    def __init__(self, source: str, specials: dict[str, str], where: str):
+    def __init__(self, source: str, specials: dict[str, str], where: str, ends: tuple[str, ...] = ()):
         self.source, self.specials, self.where = source, specials, where
+        eos = specials.get("eos_token")
+        self.ends = tuple(sorted({*ends, *([eos] if eos else [])}, key=lambda t: (t != eos, -len(t))))
         self.has_generation = re.search(r"\{%-?\s*generation\s*-?%\}", source) is not None
         try:
             self._template = _environment().from_string(source)
@@ -92,7 +96,7 @@ class JinjaTemplate:
                               f"(line {exc.lineno}: {exc.message}).") from None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "specials": self.specials, "where": self.where}
+        return {"source": self.source, "specials": self.specials, "where": self.where, "ends": self.ends}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -113,8 +117,8 @@ class JinjaTemplate:
 
     def _assistant_spans(self, text: str, messages: list[dict[str, str]], where: str) -> list[tuple[int, int]]:
         """No generation blocks: each assistant content (found in order, as is or stripped, as templates
-        often `trim` it) and an eos_token right after it."""
-        spans, cursor, eos = [], 0, self.specials.get("eos_token") or None
+        often `trim` it) and the special token right after it (`ends`: eos first)."""
+        spans, cursor = [], 0
         for m in messages:
             if m["role"] != "assistant":
                 continue
@@ -124,8 +128,7 @@ class JinjaTemplate:
                                 f"template of {self.where} rendered, so its loss cannot be placed.")
             start = text.find(needle, cursor)
             end = start + len(needle)
-            if eos and text.startswith(eos, end):
-                end += len(eos)
+            end += len(next((t for t in self.ends if text.startswith(t, end)), ""))
             spans.append((start, end))
             cursor = end
         return spans
@@ -148,10 +151,11 @@ def from_tokenizer(spec: str) -> JinjaTemplate:
         with open(config_path) as f:
             config = json.load(f)
     specials = {k: _special(config[k]) for k in SPECIALS if _special(config.get(k)) is not None}
+    ends = _special_tokens(root, config)
     jinja_path = os.path.join(root, "chat_template.jinja")
     if os.path.isfile(jinja_path):
         with open(jinja_path) as f:
-            return JinjaTemplate(f.read(), specials, jinja_path)
+            return JinjaTemplate(f.read(), specials, jinja_path, ends)
     source = config.get("chat_template")
     if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
         source = next((t.get("template") for t in source if t.get("name") == "default"), None)
@@ -159,4 +163,15 @@ def from_tokenizer(spec: str) -> JinjaTemplate:
         raise ConfigError(f"'data.chat_template'=tokenizer: 'data.tokenizer'={spec!r} has no chat template (neither "
                           f"{jinja_path} nor a 'chat_template' in {config_path}). Use a tokenizer that ships one, "
                           "or a built-in template: simple, chatml, llama3.")
-    return JinjaTemplate(source, specials, config_path)
+    return JinjaTemplate(source, specials, config_path, ends)
+
+
+def _special_tokens(root: str, config: dict) -> tuple[str, ...]:
+    """The tokenizer's special tokens: tokenizer.json's added tokens and tokenizer_config.json's
+    added_tokens_decoder entries marked special."""
+    added = list(config.get("added_tokens_decoder", {}).values())
+    path = os.path.join(root, "tokenizer.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            added += json.load(f).get("added_tokens", [])
+    return tuple(sorted({t["content"] for t in added if t.get("special") and t.get("content")}))

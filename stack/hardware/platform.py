@@ -45,12 +45,29 @@ def train_flops_per_token(model_cfg: Any, seq_len: int, causal: bool = True) -> 
       i.e. 6 × matmul_params(model_cfg);
       attention = 3 × L × causal, causal = noncausal / 2 = 4·S·H·D / 2 per token,
       i.e. 6·L·H·D·S: MaxText halves the attention term for the causal mask.
+    A sliding layer's query attends to at most `model.sliding_window` (W) keys: W − W²/2S on
+    average in place of S/2 (W < S).
     `causal=False`: the full [T, T] square (12·L·H·D·S), what a kernel that skips no block computes.
     """
     m = model_cfg
     hd = m.head_dim or m.d_model // m.n_heads
-    attention = 3 * m.n_layers * (4 * seq_len * m.n_heads * hd) / (2 if causal else 1)
-    return float(6 * matmul_params(m) + attention)
+    keys = sum(_keys_per_query(seq_len, w, causal) for w in _windows(m))
+    return float(6 * matmul_params(m) + 3 * 4 * m.n_heads * hd * keys)
+
+
+def _windows(m: Any) -> list[int | None]:
+    """Each layer's sliding window (None: full attention), from `sliding_window` and `layer_types`."""
+    window, types = getattr(m, "sliding_window", None), getattr(m, "layer_types", None)
+    if window is None:
+        return [None] * m.n_layers
+    return [window if types is None or t == "sliding_attention" else None for t in (types or [None] * m.n_layers)]
+
+
+def _keys_per_query(s: int, window: int | None, causal: bool) -> float:
+    """The keys a query attends to on average over a sequence of S tokens."""
+    if not causal:
+        return float(s)
+    return s / 2 if window is None or window >= s else window - window * window / (2 * s)
 
 
 def machine_busy() -> bool:

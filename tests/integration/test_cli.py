@@ -132,7 +132,7 @@ def test_help_says_what_stack_is_and_lists_the_recipes(tmp_path):
     assert "powered by Hydra." not in res.stdout
     assert re.search(r"^recipe \(\+recipe=NAME\): .*llama_dpo.*llama_sft", res.stdout, re.M)
     groups = res.stdout.split("== The composed config")[0]
-    assert re.search(r"^model: hf, llama3_1b", groups, re.M) and "schema" not in groups  # user-facing groups only
+    assert re.search(r"^model: gemma3, gemma3_12b, .*hf, llama3_1b", groups, re.M) and "schema" not in groups
     assert os.listdir(tmp_path) == []
 
 

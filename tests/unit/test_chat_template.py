@@ -18,7 +18,7 @@ from tests.helpers import REPO, make_cfg  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "chat_templates")
 SPECIAL = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
-           "<|eot_id|>"]
+           "<|eot_id|>", "<|endoftext|>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
 CHAT = [{"role": "system", "content": "Add numbers."}, {"role": "user", "content": "What is 12 + 7?"},
         {"role": "assistant", "content": " It is 19. "}, {"role": "user", "content": "And 3 + 4?"},
         {"role": "assistant", "content": "7"}]
@@ -102,6 +102,20 @@ def test_conversational_preference_pair_is_one_conversation(chatml):
         n = len(want["input_ids"])
         assert [int(row["inputs"][k][0])] + row["targets"][k][:n - 1].tolist() == want["input_ids"]
         assert row["loss_mask"][k][:n - 1].tolist() == want["assistant_masks"][1:]
+
+
+@pytest.mark.parametrize("template, eos, learns", [
+    ("qwen2_5.jinja", "<|im_end|>", " It is 19. <|im_end|>7<|im_end|>"),
+    ("qwen3.jinja", "<|endoftext|>", " It is 19. <|im_end|>7<|im_end|>"),  # a base model's eos: the turn's end
+    ("gemma3.jinja", "<eos>", "It is 19.<end_of_turn>7<end_of_turn>")])  # Gemma trims the content
+def test_qwen_and_gemma_templates_learn_each_answer_and_its_end_of_turn(template, eos, learns, tmp_path):
+    """Their shipped templates (tests/fixtures/chat_templates: TRL's copies of the Hub's) have no
+    generation blocks: each assistant content carries loss with the special token that ends its turn."""
+    path = tokenizer_dir(tmp_path, template, eos, as_file=True)
+    row = encoder(path, "sft")({"messages": CHAT})
+    ids = [int(row["inputs"][0])] + row["targets"].tolist()
+    assert ids == reference(path, CHAT)["input_ids"]
+    assert learned(path, row) == learns
 
 
 @pytest.mark.parametrize("template", ["chatml", "llama3"])

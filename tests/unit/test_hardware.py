@@ -77,6 +77,16 @@ def test_flops_llama3_8b():
     assert f == pytest.approx(_maxtext_per_token(m, 8192))
 
 
+def test_flops_of_a_sliding_layer_count_its_window():
+    """Gemma 3 tiny: a sliding layer (W = 8) and a global one over S = 128: W − W²/2S = 7.75 keys per
+    query (the continuous form of the causal S/2) and 64."""
+    m = make_cfg(["model=gemma3"]).model  # H=4 D=32
+    attention = 3 * 4 * 4 * 32 * (8 - 64 / 256 + 64)
+    assert hardware.train_flops_per_token(m, 128) == 6 * hardware.matmul_params(m) + attention
+    assert hardware.train_flops_per_token(m, 4) == hardware.train_flops_per_token(make_cfg(  # W > S: no window
+        ["model=gemma3", "model.sliding_window=null", "model.layer_types=null"]).model, 4)
+
+
 def test_flops_tied_embeddings_count_output_once():
     m = make_cfg(["model=llama3_1b"]).model  # Llama 3.2 1B: 1,235,814,400 params, tied
     assert hardware.matmul_params(m) == 1_235_814_400 - (2 * 16 + 1) * 2048
