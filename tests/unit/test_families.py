@@ -37,6 +37,17 @@ def test_lora_trains_only_the_adapters_of_every_projection(family, tmp_path):
         assert any(projection in n and "lora_b" in n for n in names), (projection, sorted(names)[:4])
 
 
+@pytest.mark.parametrize("quant", [["quantization=qlora_nf4", "quantization.rules.0.tile_size=16"],
+                                   ["quantization=int8_qat"]], ids=["qlora", "qat"])
+def test_qlora_and_qat_rules_train_gemma3(quant, tmp_path):
+    """Qwix's rules match Gemma 3's projections (an untouched model would not move at all)."""
+    cfg = make_cfg(["model=gemma3", "trainer.steps=3", f"run_dir={tmp_path}", *QUICK, *quant])
+    exp, sink = captured(build(cfg, str(tmp_path)))
+    train(exp)
+    losses = [r["train/loss"] for r in sink.rows if "train/loss" in r]
+    assert len(losses) == 3 and np.isfinite(losses).all() and losses[-1] != losses[0]
+
+
 ALGORITHMS = {
     "sft": ["trainer.steps=30"],
     "dpo": ["algorithm=dpo", "data=jsonl_prefs", "trainer.steps=30"],
