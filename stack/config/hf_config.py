@@ -77,7 +77,8 @@ def _ours(cfg: Any) -> dict:
     """`cfg`'s values of the fields in HF_KEYS, head_dim resolved, rope_scaling as a dict."""
     out = {k: getattr(cfg, k, None) for k in HF_KEYS}  # None: a run config written before the key
     out["head_dim"] = cfg.head_dim or cfg.d_model // cfg.n_heads
-    out["attention_bias"], out["qk_norm"] = bool(out["attention_bias"]), bool(out["qk_norm"])
+    for key in ("attention_bias", "qk_norm", "norm_topk_prob"):
+        out[key] = bool(out[key])
     out["layer_types"] = None if out["layer_types"] is None else list(out["layer_types"])
     s = cfg.rope_scaling
     kind = "default" if s is None else s.type  # None: a run config written before the typed field

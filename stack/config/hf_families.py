@@ -10,13 +10,16 @@ from stack.errors import ConfigError
 
 # config.json model_type -> (model.family, the class prefix of its architectures)
 MODEL_TYPES = {"llama": (None, "Llama"), "qwen2": ("qwen2", "Qwen2"), "qwen3": ("qwen3", "Qwen3"),
-               "mistral": ("mistral", "Mistral"), "gemma3_text": ("gemma3", "Gemma3")}
+               "mistral": ("mistral", "Mistral"), "gemma3_text": ("gemma3", "Gemma3"),
+               "qwen3_moe": ("qwen3_moe", "Qwen3Moe"), "mixtral": ("mixtral", "Mixtral")}
 # the model fields besides Llama's that config.json sets (compared by check_config; config.json key in errors)
 FAMILY_KEYS = {"family": "model_type", "attention_bias": "attention_bias", "qk_norm": "(the family's q/k norms)",
                "sliding_window": "sliding_window", "layer_types": "layer_types",
                "rope_local_theta": "rope_parameters.sliding_attention.rope_theta",
                "query_pre_attn_scalar": "query_pre_attn_scalar", "final_logit_softcapping": "final_logit_softcapping",
-               "hidden_act": "hidden_activation"}
+               "hidden_act": "hidden_activation", "num_experts": "num_experts (Mixtral: num_local_experts)",
+               "num_experts_per_tok": "num_experts_per_tok", "moe_d_ff": "moe_intermediate_size",
+               "norm_topk_prob": "norm_topk_prob"}
 
 
 def model_type_of(family: str | None) -> str:
@@ -53,11 +56,11 @@ def family_fields(hf: dict) -> dict:
     """The model fields of a config.json's family keys (Llama's: all off)."""
     family = MODEL_TYPES[hf["model_type"]][0]
     out: dict[str, Any] = {"family": family, "attention_bias": family == "qwen2",
-                           "qk_norm": family in ("qwen3", "gemma3"), "sliding_window": None, "layer_types": None,
-                           "rope_local_theta": None, "query_pre_attn_scalar": None, "final_logit_softcapping": None,
-                           "hidden_act": None}
+                           "qk_norm": family in ("qwen3", "gemma3", "qwen3_moe"), "sliding_window": None,
+                           "layer_types": None, "rope_local_theta": None, "query_pre_attn_scalar": None,
+                           "final_logit_softcapping": None, "hidden_act": None, **_experts(hf, family)}
     window = hf.get("sliding_window")
-    if family == "mistral" or (family in ("qwen2", "qwen3") and hf.get("use_sliding_window")):
+    if family in ("mistral", "mixtral") or (family in ("qwen2", "qwen3", "qwen3_moe") and hf.get("use_sliding_window")):
         out["sliding_window"] = window
         types = hf.get("layer_types")
         if family != "mistral" and types and "full_attention" in types:
@@ -71,6 +74,26 @@ def family_fields(hf: dict) -> dict:
             final_logit_softcapping=hf.get("final_logit_softcapping"),
             hidden_act=hf.get("hidden_activation") or "gelu_pytorch_tanh")
     return out
+
+
+def _experts(hf: dict, family: str | None) -> dict:
+    """The routed-expert fields (stack.models.moe) of a Qwen3-MoE or Mixtral config.json (else off). Every
+    layer routes (Qwen3-MoE's decoder_sparse_step 1, no mlp_only_layers); the load-balancing weight
+    is taken where transformers adds the loss (output_router_logits)."""
+    off = {"num_experts": None, "num_experts_per_tok": None, "moe_d_ff": None, "norm_topk_prob": False}
+    if family not in ("qwen3_moe", "mixtral"):
+        return off
+    if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
+        raise ConfigError(f"config.json has dense layers among the experts (decoder_sparse_step="
+                          f"{hf.get('decoder_sparse_step')}, mlp_only_layers={hf.get('mlp_only_layers')}); stack "
+                          "builds every layer of a Qwen3-MoE with routed experts.")
+    mixtral = family == "mixtral"
+    return {"num_experts": hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"],  # transformers 5
+            # writes Qwen3-MoE's num_experts as num_local_experts (its attribute_map); the Hub's files num_experts
+            "num_experts_per_tok": hf["num_experts_per_tok"],
+            "moe_d_ff": None if mixtral else hf["moe_intermediate_size"],
+            "norm_topk_prob": True if mixtral else bool(hf.get("norm_topk_prob", False)),
+            "router_aux_loss_coef": hf.get("router_aux_loss_coef") if hf.get("output_router_logits") else None}
 
 
 def _gemma_rope(hf: dict) -> tuple[dict, dict]:
@@ -102,13 +125,27 @@ def family_config(cfg: Any, rope: dict) -> dict:
                 "sliding_window": cfg.sliding_window, "layer_types": types,
                 "query_pre_attn_scalar": _integral(cfg.query_pre_attn_scalar), "hidden_activation": cfg.hidden_act,
                 "final_logit_softcapping": cfg.final_logit_softcapping, "attn_logit_softcapping": None}
-    elif family == "mistral":
+    elif family in ("mistral", "mixtral"):
         out["sliding_window"] = cfg.sliding_window
+    if family == "mixtral":
+        out |= {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                **_router_loss(cfg)}
+    elif family == "qwen3_moe":
+        out |= {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                "moe_intermediate_size": cfg.moe_d_ff or cfg.d_ff, "norm_topk_prob": bool(cfg.norm_topk_prob),
+                "decoder_sparse_step": 1, "mlp_only_layers": [], **_router_loss(cfg),
+                "use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window}
     elif family in ("qwen2", "qwen3"):
         window = cfg.sliding_window
         out |= {"use_sliding_window": window is not None, "sliding_window": window, "max_window_layers": 0,
                 "layer_types": types or ["sliding_attention" if window else "full_attention"] * cfg.n_layers}
     return out
+
+
+def _router_loss(cfg: Any) -> dict:
+    """config.json's load-balancing keys: transformers adds the loss with output_router_logits."""
+    coef = getattr(cfg, "router_aux_loss_coef", None)
+    return {"output_router_logits": coef is not None, **({"router_aux_loss_coef": coef} if coef is not None else {})}
 
 
 def _integral(x: float) -> int | float:

@@ -4,7 +4,7 @@ from omegaconf import DictConfig
 
 from stack.errors import ConfigError, bad_choice
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "qwen3_moe", "mixtral")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
@@ -19,6 +19,19 @@ def check_family(m: DictConfig) -> None:
         if m[key] is not None and not m[key] > 0:
             raise ConfigError(f"'model.{key}'={m[key]} must be null (off) or > 0.")
     _check_layer_types(m)
+    _check_experts(m)
+
+
+def _check_experts(m: DictConfig) -> None:
+    experts, k = m.num_experts, m.num_experts_per_tok
+    if experts is None and k is None:
+        return
+    if experts is None or k is None or experts < 2 or not 1 <= k <= experts:
+        raise ConfigError(f"'model.num_experts'={experts} and 'model.num_experts_per_tok'={k}: routed experts need "
+                          "both, at least 2 experts and 1 <= experts per token <= num_experts (or both null: a "
+                          "dense MLP).")
+    if m.moe_d_ff is not None and m.moe_d_ff < 1:
+        raise ConfigError(f"'model.moe_d_ff'={m.moe_d_ff} must be null (model.d_ff) or >= 1.")
 
 
 def _check_layer_types(m: DictConfig) -> None:

@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from stack.algorithms.base import Batch, Context, Metrics, ratio
 from stack.hardware.mesh import batch_sharding, layout_on, opt_state_shardings
+from stack.models.moe import moe_layers, record_router, router_aux_loss
 
 if TYPE_CHECKING:  # the experiment holds a precompile of this step's programs
     from stack.engine.experiment import Experiment
@@ -169,6 +170,22 @@ def accumulate(loss_fn: Callable, params: Any, micro: Batch, key: jax.Array) -> 
     return grads, ratio((nums.sum(0), dens)), jax.tree.map(lambda x: x.mean(0), metrics)
 
 
+def routed_loss(alg: Any, coef: float | None, models: nnx.Module, batch: Batch, frozen: Any, state: Any,
+                key: jax.Array) -> tuple[Any, Metrics]:
+    """`alg.loss`, and with a mixture-of-experts policy its load-balancing loss (stack.models.moe), logged
+    as `router_aux_loss` and with `coef` (model.router_aux_loss_coef) one more term, coef · aux over 1
+    (transformers' MoE causal LMs: loss + router_aux_loss_coef · aux_loss)."""
+    if not moe_layers(models.policy):
+        return alg.loss(models, batch, frozen, state, key)
+    record_router(models.policy)
+    (num, den), metrics = alg.loss(models, batch, frozen, state, key)
+    aux = router_aux_loss(models.policy)
+    metrics = {**metrics, "router_aux_loss": jax.lax.stop_gradient(aux)}
+    if not coef:
+        return (num, den), metrics
+    return (jnp.append(num, coef * aux), jnp.append(den, 1.0)), metrics
+
+
 def minibatch(xp: Batch, j: jax.Array, accum: int, schedule: Any, state: TrainState) -> Batch:
     """The micro-batches [accum, b, ...] of the round's j-th optimizer step (epoch j // m, minibatch
     i = j % m): `xp[i·accum:(i+1)·accum]`, or with `schedule.shuffle` (TRL PPOTrainer: a fresh
@@ -228,8 +245,9 @@ def make_programs(exp: Experiment, parts: Parts, shardings: TrainState) -> Progr
 
     def update(state: TrainState, frozen: Any, xp: Batch, j: jax.Array) -> tuple[TrainState, Metrics]:
         micro = minibatch(xp, j, accum, alg.schedule, state)
-        loss_fn = lambda p, b, k: alg.loss(  # noqa: E731
-            nnx.merge(parts.graphdef, p, state.rest), b, frozen_of(frozen), state.algo, k)
+        coef = exp.cfg.model.get("router_aux_loss_coef")
+        loss_fn = lambda p, b, k: routed_loss(  # noqa: E731
+            alg, coef, nnx.merge(parts.graphdef, p, state.rest), b, frozen_of(frozen), state.algo, k)
         grads, loss, metrics = accumulate(loss_fn, state.params, micro, purpose_key(state, LOSS))
         updates, opt_state = exp.tx.update(grads, state.opt_state, state.params)
         new = replace(state, params=optax.apply_updates(state.params, updates), opt_state=opt_state,

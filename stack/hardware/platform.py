@@ -17,13 +17,18 @@ from stack.errors import ConfigError
 
 
 def matmul_params(model_cfg: Any) -> int:
-    """Weights that enter a matmul: q/k/v/o and the SwiGLU MLP of every layer, plus the
+    """Weights that enter a token's matmuls: q/k/v/o and the SwiGLU MLP of every layer (with routed
+    experts: the router and the k experts a token reaches, MaxText's active parameters), plus the
     output projection (vocab × d_model, counted once even when tied). Excludes norms and the
     embedding lookup."""
     m = model_cfg
     hd = m.head_dim or m.d_model // m.n_heads
     attn = m.d_model * (m.n_heads + 2 * m.n_kv_heads) * hd + m.n_heads * hd * m.d_model
-    mlp = 3 * m.d_model * m.d_ff  # gate, up, down
+    experts = getattr(m, "num_experts", None)
+    if experts:
+        mlp = m.d_model * experts + m.num_experts_per_tok * 3 * m.d_model * (getattr(m, "moe_d_ff", None) or m.d_ff)
+    else:
+        mlp = 3 * m.d_model * m.d_ff  # gate, up, down
     return m.n_layers * (attn + mlp) + m.vocab_size * m.d_model
 
 

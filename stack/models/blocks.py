@@ -18,6 +18,7 @@ from flax import nnx
 from stack.models.attention import platform_attention
 from stack.models.attention_core import NEG, causal_attention, fold_queries, unfold_queries
 from stack.models.family import Variant
+from stack.models.moe import MoE
 from stack.models.qkv import qkv
 from stack.models.rope import apply_rope
 from stack.models.shape import LlamaShape
@@ -146,9 +147,9 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    """Pre-norm residual decoder block: x + attn(norm(x)), then + mlp(norm(.)); Gemma's norms the
-    outputs of both too (`post_attn_norm`, `post_mlp_norm`). A sliding layer reads the second of the
-    (full, sliding) RoPE tables and masks it is given."""
+    """Pre-norm residual decoder block: x + attn(norm(x)), then + mlp(norm(.)) (or routed experts:
+    stack.models.moe); Gemma's norms the outputs of both too (`post_attn_norm`, `post_mlp_norm`).
+    A sliding layer reads the second of the (full, sliding) RoPE tables and masks it is given."""
 
     def __init__(self, cfg: LlamaShape, head_dim: int, variant: Variant, window: int | None, *, rngs: nnx.Rngs):
         self.sliding = int(window is not None)
@@ -156,14 +157,17 @@ class Block(nnx.Module):
         self.attn = Attention(cfg, head_dim, variant, window, rngs=rngs)
         self.post_attn_norm = _norm(cfg.d_model, cfg, variant, rngs) if variant.gemma else None
         self.mlp_norm = _norm(cfg.d_model, cfg, variant, rngs)
-        self.mlp = MLP(cfg, variant.act, rngs=rngs)
+        self.mlp = (MoE(cfg, variant.experts, variant.top_k, variant.expert_ff, variant.norm_topk, rngs=rngs)
+                    if variant.experts else MLP(cfg, variant.act, rngs=rngs))
         self.post_mlp_norm = _norm(cfg.d_model, cfg, variant, rngs) if variant.gemma else None
 
-    def __call__(self, x: Array, ropes: tuple, masks: tuple, cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
+    def __call__(self, x: Array, ropes: tuple, masks: tuple, real: Optional[Array] = None,
+                 cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
+        """`real` [B, T]: the tokens an MoE layer's balance counts (None: all)."""
         rope, mask = ropes[self.sliding], masks[self.sliding]
         h = self.attn(self.attn_norm(x), rope, mask, cache)
         h, kv = (h, None) if cache is None else h
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
-        h = self.mlp(self.mlp_norm(x))
+        h = self.mlp(self.mlp_norm(x), real) if isinstance(self.mlp, MoE) else self.mlp(self.mlp_norm(x))
         x = x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
         return x if cache is None else (x, kv)

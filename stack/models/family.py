@@ -4,6 +4,7 @@
 - qwen3: an RMSNorm over each head's queries and keys before RoPE (`qk_norm`), explicit head_dim;
 - mistral: sliding-window attention, every layer (a query sees the `sliding_window` tokens up to
   itself: transformers' sliding_window_overlay, key index > query index − window);
+- qwen3_moe, mixtral: top-k routed experts in place of the MLP (stack.models.moe);
 - gemma3 (the text decoder): sliding and full layers (`layer_types`), the sliding ones with their own
   unscaled RoPE theta (`rope_local_theta`), qk_norm, scores scaled by query_pre_attn_scalar^−1/2,
   GELU (tanh) gating, norms that scale by (1 + w), a norm after attention and after the MLP as
@@ -32,6 +33,10 @@ class Variant:
     query_scale: float | None = None  # the scores' scale; None: head_dim^−1/2
     final_softcap: float | None = None
     act: str = "silu"
+    experts: int = 0  # routed experts per layer (0: a dense MLP)
+    top_k: int = 0
+    expert_ff: int = 0
+    norm_topk: bool = False
 
     @property
     def gemma(self) -> bool:
@@ -55,4 +60,6 @@ def variant_of(cfg: Any) -> Variant:
                    sliding=sliding if window is not None else (False,) * cfg.n_layers,
                    rope_local_theta=get("rope_local_theta"),
                    query_scale=None if scalar is None else 1 / math.sqrt(scalar),
-                   final_softcap=get("final_logit_softcapping"), act=get("hidden_act") or "silu")
+                   final_softcap=get("final_logit_softcapping"), act=get("hidden_act") or "silu",
+                   experts=get("num_experts") or 0, top_k=get("num_experts_per_tok") or 0,
+                   expert_ff=get("moe_d_ff") or cfg.d_ff, norm_topk=bool(get("norm_topk_prob", False)))

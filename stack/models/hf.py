@@ -2,9 +2,7 @@
 (config.json: stack.config.hf_config).
 
 HF's causal LMs use the same rotate-half RoPE as `stack.models.llama`, so q/k need no permutation;
-torch `Linear.weight` is [out, in], our kernels are [in, out] (transposed). Gemma 3 names its norms
-input / post_attention / pre_feedforward / post_feedforward_layernorm; the others input and
-post_attention (the norm before the MLP).
+the names (and transposes) of each param: stack.models.hf_names.
 """
 
 from __future__ import annotations
@@ -25,35 +23,12 @@ from safetensors.numpy import save_file
 
 from stack.config.hf_config import check_config, hf_config, read_config
 from stack.errors import ConfigError, bad_choice
+from stack.models.hf_names import Slot, hf_params
 from stack.models.shape import LlamaShape
 
 SHARD_BYTES = 5 * 10**9  # one file up to 5 GB, then shards of at most that (the Hugging Face Hub's usual size)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-
-
-NORMS = {"attn_norm": "input", "mlp_norm": "post_attention"}
-GEMMA_NORMS = {"attn_norm": "input", "post_attn_norm": "post_attention", "mlp_norm": "pre_feedforward",
-               "post_mlp_norm": "post_feedforward"}
-
-
-def _hf_name(path: tuple, gemma: bool = False) -> str:
-    """HF tensor name of the param at NNX state `path` (e.g. ('layers', 0, 'attn', 'q_proj', 'kernel'))."""
-    if path[0] != "layers":
-        return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
-                "lm_head": "lm_head.weight"}[path[0]]
-    i, part = path[1], path[2]
-    norms = GEMMA_NORMS if gemma else NORMS
-    if part in norms:
-        return f"model.layers.{i}.{norms[part]}_layernorm.weight"
-    leaf = "bias" if path[-1] == "bias" else "weight"
-    return f"model.layers.{i}.{'self_attn' if part == 'attn' else 'mlp'}.{path[3]}.{leaf}"
-
-
-def _params(model: nnx.Module) -> dict[str, tuple[nnx.Variable, bool]]:
-    """HF name -> (our Param variable, whether the HF tensor is its transpose)."""
-    gemma = getattr(getattr(model, "variant", None), "gemma", False)
-    return {_hf_name(p, gemma): (v, p[-1] == "kernel") for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
 def _sharding(x: Any) -> jax.sharding.Sharding:
@@ -97,8 +72,9 @@ def _check_tensors(root: str, cfg: LlamaShape, params: dict, files: dict[str, st
     for file, names in by_file.items():
         with safe_open(file, framework="numpy") as f:
             for name in names:
-                shape = tuple(params[name][0].get_value().shape)
-                want, got = shape[::-1] if params[name][1] else shape, tuple(f.get_slice(name).get_shape())
+                var, transpose, index = params[name]
+                shape = tuple(var.get_value().shape)[0 if index is None else 1:]
+                want, got = shape[::-1] if transpose else shape, tuple(f.get_slice(name).get_shape())
                 if got != want:
                     bad.append(f"{name}: expected {want}, got {got}")
     if bad:
@@ -115,7 +91,7 @@ def load_hf_weights(model: nnx.Module, cfg: LlamaShape, path: str) -> None:
     """
     root = path.removeprefix("hf:")
     check_config(read_config(root), cfg)
-    _load(root, cfg, _params(model))
+    _load(root, cfg, hf_params(model))
 
 
 def load_hf_reward(trunk: nnx.Module, head: nnx.Module, cfg: LlamaShape, path: str) -> None:
@@ -124,28 +100,40 @@ def load_hf_reward(trunk: nnx.Module, head: nnx.Module, cfg: LlamaShape, path: s
     has no LM head: the trunk's is zeroed (a score reads the final hidden states only)."""
     root = path.removeprefix("hf:")
     check_config(read_config(root), cfg, reward=True)
-    params = _params(trunk)
+    params = hf_params(trunk)
     lm_head = params.pop("lm_head.weight", None)
-    _load(root, cfg, {**params, "score.weight": (head.kernel, True)})
+    _load(root, cfg, {**params, "score.weight": Slot(head.kernel, True)})
     if lm_head is not None:
         zeros = np.zeros(lm_head[0].get_value().shape, lm_head[0].get_value().dtype)
         lm_head[0].set_value(jax.make_array_from_callback(zeros.shape, _sharding(lm_head[0].get_value()),
                                                           lambda i: zeros[i]))
 
 
-def _load(root: str, cfg: LlamaShape, params: dict[str, tuple[nnx.Variable, bool]]) -> None:
-    """The tensors of `root` named in `params` into their variables (all checked first)."""
+def _load(root: str, cfg: LlamaShape, params: dict[str, Slot]) -> None:
+    """The tensors of `root` named in `params` into their variables (all checked first); an expert's
+    slices are stacked once all are read."""
+    experts: dict[int, tuple[nnx.Variable, dict[int, np.ndarray]]] = {}
     try:
         for file, names in _check_tensors(root, cfg, params, _tensor_files(root)).items():
             with safe_open(file, framework="numpy") as f:  # bf16 comes as ml_dtypes.bfloat16
                 for name in names:
-                    var, transpose = params[name]
-                    old, arr = var.get_value(), f.get_tensor(name)
-                    arr = (arr.T if transpose else arr).astype(old.dtype)
-                    var.set_value(jax.make_array_from_callback(arr.shape, _sharding(old), lambda i: arr[i]))
+                    var, transpose, index = params[name]
+                    arr = f.get_tensor(name)
+                    arr = (arr.T if transpose else arr).astype(var.get_value().dtype)
+                    if index is None:
+                        _set(var, arr)
+                    else:
+                        experts.setdefault(id(var), (var, {}))[1][index] = arr
     except SafetensorError as e:
         raise ConfigError(f"the safetensors weights in {root!r} cannot be read ({e}): the files are corrupt or "
                           "truncated; re-download or re-export them.") from None
+    for var, slices in experts.values():
+        _set(var, np.stack([slices[e] for e in range(len(slices))]))
+
+
+def _set(var: nnx.Variable, arr: np.ndarray) -> None:
+    """`arr` into `var`, in the sharding its current value has."""
+    var.set_value(jax.make_array_from_callback(arr.shape, _sharding(var.get_value()), lambda i: arr[i]))
 
 
 def export_hf(model: nnx.Module, cfg: LlamaShape, out_dir: str, tokenizer_dir: str | None = None,
@@ -160,7 +148,8 @@ def export_hf(model: nnx.Module, cfg: LlamaShape, out_dir: str, tokenizer_dir: s
     `AutoModelForSequenceClassification.from_pretrained` loads (TRL's reward model layout)."""
     if dtype not in DTYPES:
         raise bad_choice("dtype", dtype, DTYPES)
-    params: dict[str, Any] = {n: (v.get_value(), t) for n, (v, t) in _params(model).items()}
+    params: dict[str, Any] = {n: (v.get_value() if e is None else v.get_value()[e], t)
+                              for n, (v, t, e) in hf_params(model).items()}
     if score is not None:
         params.pop("lm_head.weight", None)
         params["score.weight"] = (score, False)

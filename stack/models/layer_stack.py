@@ -17,6 +17,8 @@ from flax import nnx
 from flax.core.spmd import get_logical_axis_rules
 from jax.sharding import PartitionSpec
 
+from stack.models.moe import RouterStats
+
 # model.remat: what a rematerialised layer keeps for the backward (None: only its input)
 REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
@@ -38,15 +40,21 @@ def run_layers(layers: Sequence[nnx.Module], x: Array, args: tuple, remat: str, 
 
 
 def _scanned(layers: Sequence[nnx.Module], x: Array, args: tuple, remat: str) -> Array:
+    """The scan; what its layers sow (stack.models.moe.RouterStats) comes out stacked over layers and is
+    sown on the first layer's MLP, where the train step pops it."""
     graphdef, *states = _split(layers)
 
-    def body(x: Array, state: Any) -> tuple[Array, None]:
-        return _rows_sharded(nnx.merge(graphdef, state)(x, *args)), None
+    def body(x: Array, state: Any) -> tuple[Array, list]:
+        layer = nnx.merge(graphdef, state)
+        return _rows_sharded(layer(x, *args)), jax.tree.leaves(nnx.pop(layer, RouterStats))
 
     if remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[remat], prevent_cse=False)
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
-    return jax.lax.scan(body, _rows_sharded(x), stacked)[0]
+    x, sown = jax.lax.scan(body, _rows_sharded(x), stacked)
+    for stats in sown:
+        layers[0].mlp.sow(RouterStats, "stats", stats)
+    return x
 
 
 def _rows_sharded(x: Array) -> Array:

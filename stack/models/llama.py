@@ -140,8 +140,8 @@ class Llama(nnx.Module):
         ropes = self._ropes(positions, rows=t)  # positions < t
         if parent_ids is None and applies(self.attention, t, self.attention_block):  # no [T, T] mask
             segments = jnp.ones((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
-            return run_layers(self.layers, self._embed(tokens), (ropes, (segments, segments)), self.remat,
-                              self.scan_layers)
+            return run_layers(self.layers, self._embed(tokens), (ropes, (segments, segments), segments > 0),
+                              self.remat, self.scan_layers)
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), dtype=bool)), (b, t, t))
         if segment_ids is not None:
             same = segment_ids[:, :, None] == segment_ids[:, None, :]
@@ -150,7 +150,8 @@ class Llama(nnx.Module):
             mask = mask & same
         index = jnp.arange(t)
         masks = (mask, self._windowed(mask, index, index))
-        return run_layers(self.layers, self._embed(tokens), (ropes, masks), self.remat, self.scan_layers)
+        real = None if segment_ids is None else segment_ids > 0
+        return run_layers(self.layers, self._embed(tokens), (ropes, masks, real), self.remat, self.scan_layers)
 
     def _embed(self, tokens: Array) -> Array:
         """The token embeddings (Gemma's times sqrt(d_model), rounded to the params' dtype as transformers does)."""
@@ -192,7 +193,7 @@ class Llama(nnx.Module):
         masks, ropes = (mask, self._windowed(mask, queries, slots)), self._ropes(positions)
         x, keys, values = self._embed(tokens), [], []
         for layer, k, v in zip(self.layers, cache.k, cache.v, strict=True):
-            x, (k, v) = layer(x, ropes, masks, (k, v, cache.index))
+            x, (k, v) = layer(x, ropes, masks, real, (k, v, cache.index))
             keys.append(k)
             values.append(v)
         return self.head(x), KVCache(tuple(keys), tuple(values), valid, cache.index + t)

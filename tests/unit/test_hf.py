@@ -170,7 +170,8 @@ def test_config_both_transformers_styles():
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
     llama = {"family": None, "attention_bias": False, "qk_norm": False, "sliding_window": None, "layer_types": None,
              "rope_local_theta": None, "query_pre_attn_scalar": None, "final_logit_softcapping": None,
-             "hidden_act": None}  # the family keys: all off
+             "hidden_act": None, "num_experts": None, "num_experts_per_tok": None, "moe_d_ff": None,
+             "norm_topk_prob": False}  # the family keys: all off
     want = {"vocab_size": 128256, "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8,
             "head_dim": None, "d_ff": 14336, "rope_theta": 500000.0, "max_seq_len": 131072,
             "norm_eps": 1e-5, "tie_embeddings": False, **llama,

@@ -1,8 +1,9 @@
 """The decoder families against transformers (torch, CPU, fp32, eager attention): a tiny random
-Qwen2, Qwen3, Mistral and Gemma 3 saved by transformers, read by `model=hf`'s path (config.json ->
+Qwen2, Qwen3, Mistral, Gemma 3, Qwen3-MoE and Mixtral saved by transformers, read by `model=hf`'s path (config.json ->
 the model group, the weights), gives transformers' logits on a batch of two rows, one left-padded,
 longer than the sliding window; `export_hf` writes a directory transformers loads to the same
-logits. The KV-cache decode of each equals a recompute."""
+logits. The KV-cache decode of each equals a recompute; the experts' load-balancing loss equals
+transformers'."""
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ from stack.models.hf import export_hf, load_hf_weights  # noqa: E402
 from stack.models.init import abstract_model  # noqa: E402
 from stack.models.kv_cache import init_cache  # noqa: E402
 from stack.models.llama import unfuse  # noqa: E402
+from stack.models.moe import record_router, router_aux_loss  # noqa: E402
 from tests.helpers import forward  # noqa: E402
 
 SEQ, PAD, VOCAB = 24, 5, 97
@@ -35,6 +37,12 @@ FAMILIES = {
         query_pre_attn_scalar=12, final_logit_softcapping=3.0,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**BASE, head_dim=8, num_experts=6, num_experts_per_tok=2,
+                                                     moe_intermediate_size=16, norm_topk_prob=True),
+    "qwen3_moe_unnormed": lambda: transformers.Qwen3MoeConfig(**BASE, head_dim=8, num_experts=4, num_experts_per_tok=3,
+                                                              moe_intermediate_size=16, norm_topk_prob=False),
+    "mixtral": lambda: transformers.MixtralConfig(**{**BASE, "intermediate_size": 16}, num_local_experts=4,
+                                                  num_experts_per_tok=2, sliding_window=7),
 }
 
 
@@ -103,7 +111,7 @@ def test_the_window_and_the_families_differences_matter():
         assert np.abs(ours(other, ids, mask, positions) - hf_logits(hf, ids, mask, positions)).max() > 1e-2, name
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral", "qwen3_sliding"])
+@pytest.mark.parametrize("name", ["gemma3", "mistral", "qwen3_sliding", "mixtral"])
 def test_cached_decode_equals_the_recompute(name, tmp_path):
     """Prefill the padded prompts, then decode token by token through the cache: each step's logits
     equal the whole sequence's forward (sliding windows across the cache, soft-capped logits), both
@@ -128,3 +136,24 @@ def test_cached_decode_equals_the_recompute(name, tmp_path):
     real = mask.astype(bool)
     assert np.abs(np.concatenate(decoded, 1) - whole)[real].max() < 1e-5, name
     assert jax.tree.leaves(cache)  # the cache came back
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_the_load_balancing_loss_equals_transformers(scan, tmp_path):
+    """transformers' load_balancing_loss_func over every layer's router logits, padding left out by the
+    attention mask, as the MoE layers sow it (record on) unrolled and in one scan over the layers."""
+    hf = hf_model("qwen3_moe")
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    cfg = hf_model_config(str(tmp_path))
+    cfg.scan_layers = scan
+    model = abstract_model(cfg)
+    load_hf_weights(model, cfg, f"hf:{tmp_path}")
+    ids, mask, positions = batch()
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids.astype(np.int64)), attention_mask=torch.from_numpy(mask.astype(np.int64)),
+                  position_ids=torch.from_numpy(positions.astype(np.int64)), output_router_logits=True).aux_loss
+    record_router(model)
+    ours(model, ids, mask, positions)
+    got = router_aux_loss(model)
+    assert abs(float(got) - float(want)) < 1e-5 and float(want) > 1.0
+    assert router_aux_loss(model) is None  # popped: nothing left

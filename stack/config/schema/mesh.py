@@ -15,6 +15,7 @@ DEFAULT_RULES = {
     "head_dim": None,
     "mlp": "tensor",
     "norm": None,
+    "expert": None,  # routed experts' stacking axis (stack.models.moe): replicated; null for configs from before
 }
 
 

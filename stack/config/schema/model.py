@@ -45,6 +45,7 @@ class ModelConfig:
     scan_layers: bool = False  # the layers as one jax.lax.scan: compiled once, gathered one at a time (deep models)
     init_from: Optional[str] = None  # hf:DIR (a local HF Llama) or a run's checkpoints dir
     # the family (HF model_type and weight names): null (llama) | qwen2 | qwen3 | mistral | gemma3 (its text decoder)
+    # | qwen3_moe | mixtral
     family: Optional[str] = None
     attention_bias: bool = False  # biases on the q, k, v projections (Qwen2)
     qk_norm: bool = False  # an RMSNorm of each head's queries and keys before RoPE (Qwen3, Gemma 3)
@@ -55,4 +56,10 @@ class ModelConfig:
     query_pre_attn_scalar: Optional[float] = None  # scores scaled by its -1/2 power; null: head_dim's (Gemma 3)
     final_logit_softcapping: Optional[float] = None  # logits = c * tanh(logits / c) (Gemma)
     hidden_act: Optional[str] = None  # the MLP's gate activation: null (silu) | gelu_pytorch_tanh (Gemma)
+    # mixture of experts (stack.models.moe): routed experts per layer in place of the MLP; null: a dense MLP
+    num_experts: Optional[int] = None
+    num_experts_per_tok: Optional[int] = None  # top-k experts per token
+    moe_d_ff: Optional[int] = None  # each expert's hidden size (Qwen3-MoE's moe_intermediate_size); null: d_ff
+    norm_topk_prob: bool = False  # the top-k routing weights renormalised to sum to 1 (Mixtral, Qwen3-MoE)
+    router_aux_loss_coef: Optional[float] = None  # the load-balancing loss's weight in training; null: logged only
     path: Optional[str] = None  # model=hf: the local HF Llama dir whose config.json gives the architecture
