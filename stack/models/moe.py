@@ -4,10 +4,9 @@ and Qwen3-MoE with norm_topk_prob: renormalised to sum to 1), each token's outpu
 of its k experts' SwiGLU MLPs.
 
 Dropless, no capacity: every token reaches its k experts. The (token, expert) pairs are sorted by
-expert and each expert's rows multiplied by its weights in one grouped matmul
-(`jax.lax.ragged_dot`: on TPU a Mosaic grouped-matmul kernel, as megablox), never a dense loop over
-experts. Params: `router` [D, E], `gate_proj` / `up_proj` [E, D, F], `down_proj` [E, F, D] with
-the logical axes ("expert", ...).
+expert and each expert's rows multiplied by its weights in one grouped matmul (`jax.lax.ragged_dot`,
+XLA's grouped matmul), never a dense loop over experts. Params: `router` [D, E], `gate_proj` /
+`up_proj` [E, D, F], `down_proj` [E, F, D] with the logical axes ("expert", ...).
 
 Load balancing (Switch Transformer; transformers' `load_balancing_loss_func`): with `record` on (the
 train step sets it on the policy), each layer sows its counts of top-k assignments per expert, its
