@@ -20,6 +20,7 @@ from stack.errors import ConfigError
 from stack.models.hf import load_hf_weights
 from stack.models.init import abstract_model, init_model
 from stack.models.llama import unfuse, use_attention
+from stack.models.moe import use_experts
 from stack.quant.providers import make_quantization
 
 
@@ -37,6 +38,7 @@ def initial_model(cfg: DictConfig, abstract: bool = False) -> nnx.Module:
             load_params(model, source)
     platform = cfg.hardware.platform  # on CPU a Pallas kernel runs in interpret mode (tests)
     use_attention(model, attention_kernel(cfg.model, platform), cfg.model.get("attention_block"), platform == "cpu")
+    use_experts(model, "megablox" if platform == "tpu" else "ragged")  # stack.models.moe: libtpu's ragged dot
     # CPU speedups (the docstrings of MLP and Attention); elsewhere each projection is its own product
     return model if cfg.hardware.platform == "cpu" else unfuse(model)
 

@@ -4,9 +4,11 @@ and Qwen3-MoE with norm_topk_prob: renormalised to sum to 1), each token's outpu
 of its k experts' SwiGLU MLPs.
 
 Dropless, no capacity: every token reaches its k experts. The (token, expert) pairs are sorted by
-expert and each expert's rows multiplied by its weights in one grouped matmul (`jax.lax.ragged_dot`,
-XLA's grouped matmul), never a dense loop over experts. Params: `router` [D, E], `gate_proj` /
-`up_proj` [E, D, F], `down_proj` [E, F, D] with the logical axes ("expert", ...).
+expert and each expert's rows multiplied by its weights in one grouped matmul, never a dense loop
+over experts: `jax.lax.ragged_dot` (XLA's; CPU, GPU), or on TPU the Pallas megablox kernel (`gmm`,
+its weight gradient `tgmm`: libtpu's ragged dot computes the weight gradient densely, E times the
+work), set by `use_experts`; `interpret`: Pallas interpret mode, for tests on CPU. Params: `router`
+[D, E], `gate_proj` / `up_proj` [E, D, F], `down_proj` [E, F, D] with the logical axes ("expert", ...).
 
 Load balancing (Switch Transformer; transformers' `load_balancing_loss_func`): with `record` on (the
 train step sets it on the policy), each layer sows its counts of top-k assignments per expert, its
@@ -16,15 +18,22 @@ every layer into E · Σ_e f_e · P_e (f: the fraction of assignments, P: the me
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core.spmd import get_logical_axis_rules
+from jax.sharding import PartitionSpec
 
 from stack.models.shape import LlamaShape
 
 Array = jax.Array
+
+
+TILE = 128  # megablox's row / column tiles
+GROUPED = ("ragged", "megablox")
 
 
 class RouterStats(nnx.Intermediate):
@@ -49,36 +58,80 @@ class MoE(nnx.Module):
         self.down_proj = _experts((experts, d_ff, d), ("expert", "mlp", "embed"), cfg, rngs)
         self.experts, self.top_k, self.normalize, self.dtype = experts, top_k, normalize, jnp.dtype(cfg.dtype)
         self.record = False  # sow RouterStats (the train step's policy)
-
-    def route(self, x: Array) -> tuple[Array, Array, Array]:
-        """(probabilities [N, E] float32, the top-k weights [N, k] and experts [N, k]) of tokens x [N, D]."""
-        probs = jax.nn.softmax(self.router(x).astype(jnp.float32), axis=-1)
-        weights, chosen = jax.lax.top_k(probs, self.top_k)
-        if self.normalize:
-            weights = weights / weights.sum(-1, keepdims=True)
-        return probs, weights.astype(x.dtype), chosen
+        self.kernel, self.interpret = "ragged", False  # set by use_experts
 
     def __call__(self, x: Array, real: Array | None = None) -> Array:
-        b, t, d = x.shape
-        tokens = x.reshape(b * t, d).astype(self.dtype)
-        probs, weights, chosen = self.route(tokens)
-        order = jnp.argsort(chosen.reshape(-1), stable=True)  # (token, expert) pairs by expert
-        rows = tokens[order // self.top_k]
-        sizes = jnp.bincount(chosen.reshape(-1), length=self.experts).astype(jnp.int32)
-        kernels = [p[...].astype(self.dtype) for p in (self.gate_proj, self.up_proj, self.down_proj)]
-        h = jax.nn.silu(jax.lax.ragged_dot(rows, kernels[0], sizes)) * jax.lax.ragged_dot(rows, kernels[1], sizes)
-        out = jax.lax.ragged_dot(h, kernels[2], sizes) * weights.reshape(-1)[order][:, None]
-        y = jnp.zeros_like(tokens).at[order // self.top_k].add(out)
+        real = jnp.ones(x.shape[:2], bool) if real is None else real
+        weights = (self.router.kernel[...], self.gate_proj[...], self.up_proj[...], self.down_proj[...])
+        fn = partial(_routed, self.top_k, self.normalize, self.dtype, partial(_grouped, self.kernel, self.interpret))
+        y, stats = (_per_shard(fn) if self.kernel == "megablox" else fn)(x, real, *weights)
         if self.record:
-            self._sow(probs, chosen, jnp.ones((b * t,), bool) if real is None else real.reshape(-1))
-        return y.reshape(b, t, d)
+            self.sow(RouterStats, "stats", stats)
+        return y
 
-    def _sow(self, probs: Array, chosen: Array, real: Array) -> None:
-        weight = real.astype(jnp.float32)
-        counts = jnp.zeros((self.experts,), jnp.float32).at[chosen.reshape(-1)].add(
-            jnp.repeat(weight, self.top_k))
-        prob_sums = (probs * weight[:, None]).sum(0)
-        self.sow(RouterStats, "stats", jnp.stack([counts, prob_sums, jnp.broadcast_to(weight.sum(), counts.shape)]))
+
+def _routed(top_k: int, normalize: bool, dtype: Any, grouped: Any, x: Array, real: Array, router: Array,
+            gate: Array, up: Array, down: Array) -> tuple[Array, Array]:
+    """x [B, T, D] through the routed experts -> (y [B, T, D], RouterStats [3, E] of the `real` tokens)."""
+    b, t, d = x.shape
+    tokens = x.reshape(b * t, d).astype(dtype)
+    probs = jax.nn.softmax((tokens @ router.astype(dtype)).astype(jnp.float32), axis=-1)
+    weights, chosen = jax.lax.top_k(probs, top_k)
+    if normalize:
+        weights = weights / weights.sum(-1, keepdims=True)
+    order = jnp.argsort(chosen.reshape(-1), stable=True)  # (token, expert) pairs by expert
+    rows = tokens[order // top_k]
+    sizes = jnp.bincount(chosen.reshape(-1), length=router.shape[1]).astype(jnp.int32)
+    gate, up, down = (w.astype(dtype) for w in (gate, up, down))
+    h = jax.nn.silu(grouped(rows, gate, sizes)) * grouped(rows, up, sizes)
+    out = grouped(h, down, sizes) * weights.astype(dtype).reshape(-1)[order][:, None]
+    y = jnp.zeros_like(tokens).at[order // top_k].add(out)
+    weight = real.reshape(-1).astype(jnp.float32)
+    counts = jnp.zeros((router.shape[1],), jnp.float32).at[chosen.reshape(-1)].add(jnp.repeat(weight, top_k))
+    stats = jnp.stack([counts, (probs * weight[:, None]).sum(0), jnp.broadcast_to(weight.sum(), counts.shape)])
+    return y.reshape(b, t, d), stats
+
+
+def _grouped(kernel: str, interpret: bool, rows: Array, w: Array, sizes: Array) -> Array:
+    """rows [M, K] (by group, `sizes` [E] of them) times their group's w [E, K, N] -> [M, N]."""
+    if kernel == "ragged":
+        return jax.lax.ragged_dot(rows, w, sizes)
+    # Pallas's TPU kernels (~0.15 s to import): off every run that does not use them
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    m = rows.shape[0]
+    pad = -m % TILE  # megablox takes rows in tiles: zero rows of the last group, dropped after
+    tiling = (TILE, min(TILE, w.shape[1]), min(TILE, w.shape[2]))
+    return gmm(jnp.pad(rows, ((0, pad), (0, 0))), w, sizes.at[-1].add(pad), rows.dtype, tiling,
+               interpret=interpret)[:m]
+
+
+def _per_shard(fn: Any) -> Any:
+    """`fn` (x, real, *weights) per shard of the batch under a mesh (a Pallas kernel is not partitioned
+    by XLA): each device routes its own tokens through the whole experts (their shards gathered, as
+    FSDP gathers a dense layer's), the routing counts summed over the shards."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return fn
+    rows = dict(get_logical_axis_rules()).get("batch")
+    axes = () if rows is None else (rows,) if isinstance(rows, str) else tuple(rows)
+
+    def shard(x: Array, real: Array, *weights: Array) -> tuple[Array, Array]:
+        y, stats = fn(x, real, *weights)
+        return y, jax.lax.psum(stats, axes) if axes else stats
+
+    specs = (PartitionSpec(rows), PartitionSpec(rows), *[PartitionSpec()] * 4)
+    return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(PartitionSpec(rows), PartitionSpec()),
+                         check_vma=False)
+
+
+def use_experts(model: nnx.Module, kernel: str, interpret: bool = False) -> nnx.Module:
+    """`model` with its MoE layers' grouped matmuls by `kernel` (GROUPED)."""
+    if kernel not in GROUPED:
+        raise ValueError(f"grouped matmul {kernel!r}: one of {', '.join(GROUPED)}")
+    for module in (m for _, m in nnx.iter_modules(model) if isinstance(m, MoE)):
+        module.kernel, module.interpret = kernel, interpret
+    return model
 
 
 def record_router(model: nnx.Module, on: bool = True) -> nnx.Module:

@@ -118,3 +118,22 @@ def test_the_load_balancing_loss_is_logged_and_weighted_into_the_loss(algorithm,
 def test_bad_family_keys_are_one_clear_error(overrides, match):
     with pytest.raises(ConfigError, match=match):
         validate(make_cfg(overrides))
+
+
+def test_the_megablox_kernel_computes_the_experts_as_ragged_dot_does():
+    """TPU's grouped matmul (Pallas megablox, interpret mode on CPU): the same logits and gradients as
+    jax.lax.ragged_dot's, rows padded to its tiles (3 x 20 tokens x top 2 = 120 rows: 8 of padding)."""
+    from stack.models.moe import use_experts
+
+    cfg = make_cfg(["model=qwen3_moe"]).model
+    ragged, megablox = init_model(cfg, 0), use_experts(init_model(cfg, 0), "megablox", interpret=True)
+    tokens = jax.random.randint(jax.random.key(2), (3, 20), 0, cfg.vocab_size)
+
+    def loss(model):
+        return (model(tokens) ** 2).mean()
+
+    np.testing.assert_allclose(np.asarray(forward(megablox, tokens)), np.asarray(forward(ragged, tokens)),
+                               rtol=1e-5, atol=1e-5)
+    got, want = (nnx.state(nnx.jit(nnx.grad(loss))(m), nnx.Param) for m in (megablox, ragged))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)

@@ -87,6 +87,14 @@ def test_flops_of_a_sliding_layer_count_its_window():
         ["model=gemma3", "model.sliding_window=null", "model.layer_types=null"]).model, 4)
 
 
+def test_flops_of_routed_experts_count_the_active_ones():
+    """Qwen3 30B-A3B: per layer the router (D·E) and the 8 experts a token reaches (3·D·F each), by hand."""
+    m = make_cfg(["model=qwen3_30b_a3b"]).model  # D 2048, 32 heads / 4 kv of 128, E 128, k 8, F 768
+    attn = 2048 * (32 + 2 * 4) * 128 + 32 * 128 * 2048
+    experts = 2048 * 128 + 8 * 3 * 2048 * 768
+    assert hardware.matmul_params(m) == 48 * (attn + experts) + 151_936 * 2048 == 3_041_656_832
+
+
 def test_flops_tied_embeddings_count_output_once():
     m = make_cfg(["model=llama3_1b"]).model  # Llama 3.2 1B: 1,235,814,400 params, tied
     assert hardware.matmul_params(m) == 1_235_814_400 - (2 * 16 + 1) * 2048
