@@ -137,3 +137,44 @@ def test_the_megablox_kernel_computes_the_experts_as_ragged_dot_does():
     got, want = (nnx.state(nnx.jit(nnx.grad(loss))(m), nnx.Param) for m in (megablox, ragged))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+
+
+SHARDED_EXPERTS = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from stack.models.init import init_model
+from stack.models.moe import record_router, router_aux_loss, use_experts
+from tests.helpers import make_cfg
+cfg = make_cfg(["model=qwen3_moe"]).model
+tokens = jax.random.randint(jax.random.key(2), (4, 24), 0, cfg.vocab_size)
+plain = record_router(init_model(cfg, 0))
+want = np.asarray(nnx.jit(lambda m, t: m(t))(plain, tokens))
+want_aux = float(router_aux_loss(plain))
+mesh = jax.make_mesh((4,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+rules = (("batch", "fsdp"), ("embed", "fsdp"), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None),
+         ("head_dim", None), ("norm", None), ("expert", None))
+with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    model = record_router(use_experts(init_model(cfg, 0), "megablox", interpret=True))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+    got = np.asarray(nnx.jit(lambda m, t: m(t))(model, jax.device_put(tokens, rows)))
+    aux = float(router_aux_loss(model))
+print(json.dumps([float(np.abs(got - want).max()), aux, want_aux]))
+"""
+
+
+def test_the_megablox_experts_run_per_batch_shard_under_a_mesh():
+    """Four fake devices, rows over fsdp: each shard routes its own tokens through the (gathered) experts
+    with the Pallas kernel; the logits and the load-balancing loss (counts summed over shards) equal one
+    device's."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, fake_devices
+
+    proc = subprocess.run([sys.executable, "-c", SHARDED_EXPERTS], env={**fake_devices(4), "JAX_PLATFORMS": "cpu"},
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diff, aux, want_aux = json.loads(proc.stdout.splitlines()[-1])
+    assert diff < 1e-5 and aux == pytest.approx(want_aux, rel=1e-6)
