@@ -134,10 +134,10 @@ def use_experts(model: nnx.Module, kernel: str, interpret: bool = False) -> nnx.
     return model
 
 
-def record_router(model: nnx.Module, on: bool = True) -> nnx.Module:
-    """`model` with its MoE layers sowing RouterStats (or not)."""
+def record_router(model: nnx.Module) -> nnx.Module:
+    """`model` with its MoE layers sowing RouterStats."""
     for module in (m for _, m in nnx.iter_modules(model) if isinstance(m, MoE)):
-        module.record = on
+        module.record = True
     return model
 
 
