@@ -38,6 +38,7 @@ def test_lora_trains_only_the_adapters_of_every_projection(family, tmp_path):
         assert any(projection in n and "lora_b" in n for n in names), (projection, sorted(names)[:4])
 
 
+@pytest.mark.slow  # 2 runs, ~10 s: the default tier's LoRA test above finds the same projections
 @pytest.mark.parametrize("quant", [["quantization=qlora_nf4", "quantization.rules.0.tile_size=16"],
                                    ["quantization=int8_qat"]], ids=["qlora", "qat"])
 def test_qlora_and_qat_rules_train_gemma3(quant, tmp_path):
@@ -60,6 +61,7 @@ ALGORITHMS = {
 }
 
 
+@pytest.mark.slow  # 10 runs, ~40 s of CPU
 @pytest.mark.parametrize("model", ["gemma3", "qwen3_moe"])
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_every_algorithm_runs_on_gemma3_and_qwen3_moe(algorithm, model, tmp_path):
@@ -120,6 +122,7 @@ def test_bad_family_keys_are_one_clear_error(overrides, match):
         validate(make_cfg(overrides))
 
 
+@pytest.mark.slow  # Pallas interpret mode, ~11 s; the default tier's sharded test below runs the kernel too
 def test_the_megablox_kernel_computes_the_experts_as_ragged_dot_does():
     """TPU's grouped matmul (Pallas megablox, interpret mode on CPU): the same logits and gradients as
     jax.lax.ragged_dot's, rows padded to its tiles (3 x 20 tokens x top 2 = 120 rows: 8 of padding)."""
