@@ -14,9 +14,12 @@ from stack.tools.expectations import compare, shrunk_run
 from tests.helpers import REPO, make_cfg, recipe_platforms
 
 SMALL = [n for n, p in recipe_platforms().items() if p == "cpu"]  # real size (is_real_size): test_real_size.py
+# a model family's variant of a recipe checked in the default tier (qwen3_grpo: llama_grpo's round with a Qwen3,
+# ~40 s of CPU); the family itself is checked against transformers there (tests/unit/test_hf_families.py)
+VARIANTS = {"qwen3_grpo"}
 
 
-@pytest.mark.parametrize("recipe", SMALL)
+@pytest.mark.parametrize("recipe", [pytest.param(n, marks=pytest.mark.slow) if n in VARIANTS else n for n in SMALL])
 def test_recipe_matches_expected(recipe, tmp_path):
     with open(os.path.join(REPO, "recipes", "expected", f"{recipe}.json")) as f:
         expected = json.load(f)
