@@ -75,6 +75,7 @@ class Context:
     model: Any = None  # the `model` group's config (a `hf:DIR` reference is checked against it)
     rows: Any = None  # the batch sharding [n, rows, ...]: host scoring reads and returns this process's rows
     eval: Any = None  # the `eval` config (GRPO, PPO: stack.algorithms.sampled_eval)
+    rollout: Any = None  # the `rollout` config (GRPO, PPO: their engine, stack.rollout.paging_of)
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ from stack.algorithms.rlmath import (
 from stack.algorithms.sampled_eval import eval_collect, eval_metrics, eval_sampling, host_scores, host_scores_spec
 from stack.config.schema.algorithm import GRPOConfig
 from stack.data.tokenizers import stop_ids
-from stack.rollout import Sampling
+from stack.rollout import Sampling, paging_of
 
 
 class GRPO:
@@ -130,7 +130,8 @@ class GRPO:
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The tokenizer and reward functions for scoring (or the reward model); the reference only when beta > 0."""
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
-        self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id)
+        self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id,
+                                paging=paging_of(ctx.rollout))
         self.evals = eval_sampling(ctx.eval, self.sampling, host_rules(ctx.rewards))
         frozen = {**(self.reference.setup(policy, ctx) if self.beta else {}), **reward_model(policy, ctx)}
         if host_rules(ctx.rewards) is None:  # a reward model alone: nothing scored on the host

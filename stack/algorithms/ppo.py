@@ -70,7 +70,7 @@ from stack.data.tokenizers import stop_ids
 from stack.errors import ConfigError
 from stack.models.heads import Critic, make_head
 from stack.models.modules import copy_module
-from stack.rollout import Sampling
+from stack.rollout import Sampling, paging_of
 
 
 def rewards_per_token(
@@ -109,7 +109,8 @@ class PPO:
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
         """The value model (trained), the reference and a reward model (frozen), the KL coefficient."""
         self.tokenizer, self.rewards, self.rows = ctx.tokenizer, ctx.rewards, ctx.rows
-        self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id)
+        self.sampling = replace(self.sampling, eos_ids=stop_ids(ctx.tokenizer), pad_id=ctx.tokenizer.pad_id,
+                                paging=paging_of(ctx.rollout))
         self.evals = eval_sampling(ctx.eval, self.sampling, host_rules(ctx.rewards))
         shared = ctx.quant.base is not None if self.shared_trunk is None else self.shared_trunk
         if not shared and ctx.quant.base is not None:

@@ -71,14 +71,16 @@ def train(cfg: DictConfig, run_dir: str | None = None) -> Any:
 
 def generate(path: str, prompts: Sequence[str], max_new_tokens: int = 32, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, greedy: bool = False, num_samples: int = 1, seed: int = 0,
-             chat: bool = False) -> list[list[str]]:
+             chat: bool = False, engine: str = "static", slots: int = 0, page_size: int = 16) -> list[list[str]]:
     """`num_samples` completions of each prompt from a run's (or its checkpoints') dir or a HF Llama dir,
-    as `python -m stack.tools.generate` samples them (text up to the first EOS)."""
+    as `python -m stack.tools.generate` samples them (text up to the first EOS); `engine` paged:
+    continuous batching over a paged KV cache (`slots` rows at once, 0: all), the same samples."""
     args = SimpleNamespace(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           greedy=greedy, num_samples=num_samples, seed=seed)
+                           greedy=greedy, num_samples=num_samples, seed=seed, engine=engine, slots=slots,
+                           page_size=page_size)
     if bad := bad_sampling(args, flags=False):
         raise ConfigError(f"{', '.join(bad)}: temperature must be >= 0 (0: greedy), top_k >= 0 (0: off), top_p in "
-                          "(0, 1] (1.0: off) and num_samples >= 1.")
+                          "(0, 1] (1.0: off), num_samples >= 1, slots >= 0 (0: all) and page_size >= 1.")
     model, tokenizer, limit, template = load(path, chat)
     return sample(model, tokenizer, encode_prompts(list(prompts), tokenizer, template if chat else None, limit),
                   args, limit)

@@ -11,6 +11,7 @@ from stack.config.hf_config import hf_config_to_model, read_config
 from stack.config.mesh import check_context, check_rules
 from stack.config.model_family import check_family
 from stack.config.quantization import check_config, check_training
+from stack.config.rollout import check_rollout
 from stack.config.sampled_eval import check_eval
 from stack.config.schema import CONFIG_MODULE, GROUPS
 from stack.config.targets import check_reward_function, check_targets
@@ -79,6 +80,7 @@ def validate(cfg: DictConfig) -> None:
     _check_algorithm(cfg)
     _check_reward(cfg)
     check_eval(cfg)
+    check_rollout(cfg)
     check_targets(cfg, tuple(cfg.allow_targets), objects=False)  # build() judges the objects
 
 
@@ -218,10 +220,8 @@ def _check_data(d: DictConfig) -> None:
                           "but 'data.tokenizer'=byte (built in) has none: set data.tokenizer=DIR (a Hugging Face "
                           "tokenizer dir with a chat template) or pick simple, chatml or llama3.")
     if d.packing and d.kind not in ("text", "sft"):
-        raise ConfigError(
-            f"'data.packing'=true works for data.kind text and sft, not {d.kind!r} "
-            "(preference pairs and prompts are padded)."
-        )
+        raise ConfigError(f"'data.packing'=true works for data.kind text and sft, not {d.kind!r} "
+                          "(preference pairs and prompts are padded).")
     if d.train_on_input and d.kind in ("preference", "prompt"):
         raise ConfigError(f"'data.train_on_input'=true (loss on the prompt too) applies to data.kind=sft, not "
                           f"{d.kind!r}: a pair or a prompt learns its completions only (set it to false).")

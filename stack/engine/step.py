@@ -92,7 +92,7 @@ class Parts:
 def split_models(exp: Experiment) -> Parts:
     """Run the algorithm's `setup` on the policy and split the modules into states."""
     ctx = Context(exp.quant, exp.tokenizer, exp.rewards, exp.cfg.seed, exp.cfg.model,
-                  batch_sharding(exp.mesh, exp.rules), exp.cfg.eval)
+                  batch_sharding(exp.mesh, exp.rules), exp.cfg.eval, exp.cfg.rollout)
     setup = exp.algorithm.setup(exp.model, ctx)
     graphdef, params, rest = nnx.split(Models(policy=exp.model, **setup.trained),
                                        trained_filter(exp.quant.trainable), ...)

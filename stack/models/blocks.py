@@ -99,12 +99,12 @@ class Attention(nnx.Module):
         return apply_rope(q, rope), apply_rope(k, rope), v.reshape(b, t, self.n_kv_heads, self.head_dim)
 
     def __call__(self, x: Array, rope: tuple[Array, Array], mask: Array,
-                 cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
+                 cache: Optional[Any] = None) -> Any:
         """x [B, T, D], rope: `rope_tables` of the positions [B, T], mask bool [B, T, S] (True = may attend),
         or int segment ids [B, T] for the platform kernel (stack.models.attention; causal within a segment).
 
-        With `cache` = (keys [B, S, kv, hd], values, write index): this call's keys and values
-        are written at the index and attention runs over all S slots; returns (out, (keys, values)).
+        With `cache` (a layer's writer, stack.models.kv_cache): this call's keys and values are written
+        to it and attention runs over the S slots it returns; returns (out, the layer's new cache state).
         """
         b, t, _ = x.shape
         kv, g = self.n_kv_heads, self.n_heads // self.n_kv_heads
@@ -115,14 +115,13 @@ class Attention(nnx.Module):
         if self.fused and cache is None:
             return self.o_proj(causal_attention(q, k, v, mask, self.scale))
         if cache is not None:
-            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache[2], 0, 0))
-            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache[2], 0, 0))
+            k, v, state = cache.write(k, v)
         # a kv head's g query heads folded into the query axis: both products are batched matmuls
         scores = jnp.einsum("bkqd,bskd->bkqs", fold_queries(q, kv), k, preferred_element_type=jnp.float32)
         scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores * self.scale, NEG)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = self.o_proj(unfold_queries(jnp.einsum("bkqs,bskd->bkqd", probs, v), t))
-        return out if cache is None else (out, (k, v))
+        return out if cache is None else (out, state)
 
 
 class MLP(nnx.Module):
@@ -162,7 +161,7 @@ class Block(nnx.Module):
         self.post_mlp_norm = _norm(cfg.d_model, cfg, variant, rngs) if variant.gemma else None
 
     def __call__(self, x: Array, ropes: tuple, masks: tuple, real: Optional[Array] = None,
-                 cache: Optional[tuple[Array, Array, Array]] = None) -> Any:
+                 cache: Optional[Any] = None) -> Any:
         """`real` [B, T]: the tokens an MoE layer's balance counts (None: all)."""
         rope, mask = ropes[self.sliding], masks[self.sliding]
         h = self.attn(self.attn_norm(x), rope, mask, cache)

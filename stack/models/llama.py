@@ -7,8 +7,8 @@ when embeddings are tied). Training memory: `model.remat` (`full`, `dots`) wraps
 in `nnx.remat` (the backward recomputes it; `dots` keeps matmul outputs); `model.scan_layers` runs
 the layers as one `jax.lax.scan` (stack.models.layer_stack; layers of one kind only).
 
-Generation: `model(tokens, positions, segment_ids, cache=KVCache)` writes the new tokens' keys and values
-into the cache's slots, attends over each query's valid slots, returns (logits, cache); stack.models.kv_cache.
+Generation: `model(tokens, positions, segment_ids, cache=KVCache | PagedKV)` writes the new tokens' keys and
+values into the cache, attends over each query's visible slots, returns (logits, cache); stack.models.kv_cache.
 
 Building (initialised or shape-only, sharded at creation under a mesh): stack.models.init.
 """
@@ -26,12 +26,13 @@ from flax import nnx
 from stack.models.attention import KERNELS, applies
 from stack.models.blocks import MLP, Attention, Block, RMSNorm, linear
 from stack.models.family import variant_of
-from stack.models.kv_cache import KVCache
+from stack.models.kv_cache import KVCache, PagedKV
 from stack.models.layer_stack import run_layers
 from stack.models.rope import rope_inv_freq, rope_tables
 from stack.models.shape import LlamaShape
 
 Array = jax.Array
+Cache = KVCache | PagedKV
 
 
 def use_attention(model: nnx.Module, kernel: str, block: Optional[int] = None, interpret: bool = False) -> nnx.Module:
@@ -90,7 +91,7 @@ class Llama(nnx.Module):
             self.lm_head = linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg, rngs)
 
     def __call__(self, tokens: Array, positions: Optional[Array] = None, segment_ids: Optional[Array] = None,
-                 cache: Optional[KVCache] = None, targets: Optional[Array] = None, temperature: float = 1.0,
+                 cache: Optional[Cache] = None, targets: Optional[Array] = None, temperature: float = 1.0,
                  chunk: int = 128, features: bool = False, at: Optional[Array] = None,
                  parent_ids: Optional[Array] = None) -> Any:
         """Causal forward; with segment_ids a token sees only earlier-or-equal same-id tokens.
@@ -149,7 +150,7 @@ class Llama(nnx.Module):
                 same = same | (parent_ids[:, :, None] == segment_ids[:, None, :])
             mask = mask & same
         index = jnp.arange(t)
-        masks = (mask, self._windowed(mask, index, index))
+        masks = (mask, self._windowed(mask, index[None], index))
         real = None if segment_ids is None else segment_ids > 0
         return run_layers(self.layers, self._embed(tokens), (ropes, masks, real), self.remat, self.scan_layers)
 
@@ -167,12 +168,12 @@ class Llama(nnx.Module):
         return full, full if same else rope_tables(positions, np.asarray(self.inv_freqs[1], np.float32), rows=rows)
 
     def _windowed(self, mask: Array, queries: Array, keys: Array) -> Array:
-        """`mask` [B, Tq, S] of a sliding layer: a query also sees only keys with index > query − window
-        (transformers' sliding_window_overlay); `mask` itself without sliding layers."""
+        """`mask` [B, Tq, S] of a sliding layer (`queries` [B or 1, Tq]): a query also sees only keys with
+        index > query − window (transformers' sliding_window_overlay); `mask` itself without sliding layers."""
         window = self.variant.sliding_window
         if window is None or not any(self.variant.sliding):
             return mask
-        return mask & (queries[:, None] - keys[None, :] < window)[None]
+        return mask & (queries[:, :, None] - keys[None, None, :] < window)
 
     def head(self, x: Array) -> Array:
         """Float32 logits of hidden states (final norm, then the output projection; Gemma's soft-capping)."""
@@ -182,18 +183,14 @@ class Llama(nnx.Module):
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def _cached(self, tokens: Array, positions: Array, segment_ids: Optional[Array],
-                cache: KVCache) -> tuple[Array, KVCache]:
-        """The new tokens written at the cache's index; each query sees the valid slots up to its own
-        (a sliding layer's: those within its window)."""
-        b, t = tokens.shape
-        real = jnp.ones((b, t), bool) if segment_ids is None else segment_ids > 0
-        valid = jax.lax.dynamic_update_slice(cache.valid, real, (0, cache.index))
-        slots, queries = jnp.arange(valid.shape[1]), cache.index + jnp.arange(t)
-        mask = valid[:, None, :] & (slots[None, None, :] <= queries[None, :, None])
+                cache: Cache) -> tuple[Array, Cache]:
+        """The new tokens written to the cache (stack.models.kv_cache); each query sees the cache's
+        visible slots (a sliding layer's: those within its window)."""
+        real = jnp.ones(tokens.shape, bool) if segment_ids is None else segment_ids > 0
+        mask, queries, slots = cache.visible(positions, real)
         masks, ropes = (mask, self._windowed(mask, queries, slots)), self._ropes(positions)
-        x, keys, values = self._embed(tokens), [], []
-        for layer, k, v in zip(self.layers, cache.k, cache.v, strict=True):
-            x, (k, v) = layer(x, ropes, masks, real, (k, v, cache.index))
-            keys.append(k)
-            values.append(v)
-        return self.head(x), KVCache(tuple(keys), tuple(values), valid, cache.index + t)
+        x, states = self._embed(tokens), []
+        for i, layer in enumerate(self.layers):
+            x, state = layer(x, ropes, masks, real, cache.layer(i, positions, real))
+            states.append(state)
+        return self.head(x), cache.updated(states, real)

@@ -18,6 +18,7 @@ from flax.core.spmd import get_logical_axis_rules
 from jax.sharding import PartitionSpec
 
 from stack.models.kv_cache import KVCache, init_cache
+from stack.rollout.paged import generate_paged
 from stack.rollout.sampling import Sampling, sample_token
 
 Array = jax.Array
@@ -46,7 +47,10 @@ def _constrain(cache: KVCache) -> KVCache:
 
 
 def generate(model: nnx.Module, prompt_ids: Array, prompt_mask: Array, keys: Array, s: Sampling) -> Rollout:
-    """Completions of `prompt_ids` [B, P] (left-padded; `prompt_mask` 1 on real tokens)."""
+    """Completions of `prompt_ids` [B, P] (left-padded; `prompt_mask` 1 on real tokens); by the paged
+    engine when `s.paging` is set."""
+    if s.paging is not None:
+        return Rollout(*generate_paged(model, prompt_ids, prompt_mask, keys, s, s.paging))
     b, p = prompt_ids.shape
     n = s.max_new_tokens
     positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=-1) - 1, 0)

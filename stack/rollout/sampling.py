@@ -2,10 +2,16 @@
 temperature, then top-k, then top-p (nucleus: the smallest set of tokens whose probability
 reaches `top_p`, computed on the temperature-scaled distribution)."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from stack.rollout.paged import Paging
 
 Array = jax.Array
 
@@ -20,6 +26,7 @@ class Sampling:
     top_p: float = 1.0  # 1: off
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    paging: Optional[Paging] = None  # the paged engine's sizes (stack.rollout.paged); None: the static engine
 
 
 def filter_logits(logits: Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Array:

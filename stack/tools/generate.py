@@ -74,7 +74,7 @@ def encode_prompts(prompts: list[str], tokenizer, template: tuple[str, str] | No
 def bad_sampling(args: Any, flags: bool = True) -> list[str]:
     """`--flag=value` (`flags` False: `name=value`) of each sampling setting of `args` out of its range."""
     checks = (("temperature", args.temperature >= 0), ("top_k", args.top_k >= 0), ("top_p", 0 < args.top_p <= 1),
-              ("num_samples", args.num_samples >= 1))
+              ("num_samples", args.num_samples >= 1), ("slots", args.slots >= 0), ("page_size", args.page_size >= 1))
     return [f"--{name.replace('_', '-')}={getattr(args, name)}" if flags else f"{name}={getattr(args, name)}"
             for name, ok in checks if not ok]
 
@@ -87,7 +87,7 @@ def sample(model, tokenizer, encoded: list[list[int]], args: Any, limit: int) ->
     from flax import nnx
 
     from stack.data.tokenizers import stop_ids
-    from stack.rollout import Sampling, generate, sample_keys
+    from stack.rollout import Paging, Sampling, generate, sample_keys
 
     width = max(map(len, encoded))
     if args.max_new_tokens < 1 or width + args.max_new_tokens > limit:
@@ -99,8 +99,9 @@ def sample(model, tokenizer, encoded: list[list[int]], args: Any, limit: int) ->
     keys = sample_keys(jax.random.key(args.seed), jnp.repeat(jnp.arange(len(encoded)), args.num_samples),
                        jnp.tile(jnp.arange(args.num_samples), len(encoded)))
     stops = stop_ids(tokenizer)
+    paging = Paging(args.slots, args.page_size) if args.engine == "paged" else None
     s = Sampling(args.max_new_tokens, 0.0 if args.greedy else args.temperature, args.top_k, args.top_p, stops,
-                 tokenizer.pad_id)
+                 tokenizer.pad_id, paging)
     out = nnx.jit(lambda m, i, k, key: generate(m, i, k, key, s))(model, ids, mask, keys)
     tokens, keep = np.asarray(out.tokens), np.asarray(out.mask) > 0
     texts = [tokenizer.decode(row[m & ~np.isin(row, stops)].tolist()) for row, m in zip(tokens, keep, strict=True)]
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="each prompt is a user message in the run's chat template (an open assistant turn)")
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", choices=("static", "paged"), default="static",
+                        help="paged: continuous batching over a paged KV cache (the same samples)")
+    parser.add_argument("--slots", type=int, default=0, help="paged: rows decoded together (0: every row)")
+    parser.add_argument("--page-size", type=int, default=16, help="paged: tokens per KV page")
     parser.add_argument("--score", action="append", metavar="COMPLETION",
                         help="with a reward model (an algorithm=rm run's checkpoints or a HF "
                              "LlamaForSequenceClassification dir): score this completion of each prompt "
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if bad := bad_sampling(args):
         parser.error(f"{', '.join(bad)}: --temperature must be >= 0 (0: greedy), --top-k >= 0 (0: off), --top-p in "
-                     "(0, 1] (1.0: off) and --num-samples >= 1.")
+                     "(0, 1] (1.0: off), --num-samples >= 1, --slots >= 0 (0: every row) and --page-size >= 1.")
     with exit_on(ConfigError):
         if args.score:
             from stack.rewards.model import score_texts  # after argparse: --help and argument errors answer without jax

@@ -31,6 +31,16 @@ class EvalConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """How GRPO and PPO generate (stack.rollout); null keys: the defaults."""
+
+    engine: Optional[str] = None  # static (null): one KV cache row per completion | paged: continuous batching
+    slots: Optional[int] = None  # paged: rows decoded together; null: every row of the generation batch
+    page_size: Optional[int] = None  # paged: tokens per KV page; null: 16
+    pages: Optional[int] = None  # paged: the page pool, scratch included; null: every slot's longest request
+
+
+@dataclass
 class WarmStartConfig:
     """A first stage trained when `model.init_from` is not set (e.g. SFT before GRPO)."""
 
@@ -62,6 +72,7 @@ class Config:
     launcher: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0
