@@ -1,5 +1,6 @@
-"""The `mesh` group's sizes and rules, checked before anything runs: every rule names mesh axes, and
-`mesh.context` splits the sequence (context parallelism) through the `length` rule."""
+"""The `mesh` group's sizes and rules, checked before anything runs: every rule names mesh axes,
+`mesh.context` splits the sequence (context parallelism) through the `length` rule, and `mesh.expert`
+the routed experts (expert parallelism) through the `expert` rule."""
 
 from typing import Any
 
@@ -12,13 +13,15 @@ def _named(target: Any) -> list[str]:
     return [target] if isinstance(target, str) else list(target or [])
 
 
-def check_rules(mesh: Any) -> None:
-    """Each `mesh.rules` entry maps a logical axis to null, a mesh axis or a list of them."""
+def check_rules(mesh: Any, experts: Any = None) -> None:
+    """Each `mesh.rules` entry maps a logical axis to null, a mesh axis or a list of them; the model's
+    `experts` split as `mesh.expert` says (check_experts)."""
     for name, target in mesh.rules.items():
         bad = [a for a in _named(target) if a not in MESH_AXES]
         if bad:
             raise ConfigError(f"'mesh.rules.{name}' names {short(bad[0])!r}, which is not a mesh axis: use null, "
                               f"one of {', '.join(MESH_AXES)}, or a list of them.")
+    check_experts(mesh, experts)
 
 
 def check_context(mesh: Any, seq_len: int) -> int:
@@ -35,3 +38,19 @@ def check_context(mesh: Any, seq_len: int) -> int:
         raise ConfigError(f"'mesh.context'={context} does not divide data.seq_len={seq_len}: each of the "
                           f"{context} devices holds an equal part of every sequence.")
     return context
+
+
+def check_experts(mesh: Any, experts: Any) -> None:
+    """`mesh.expert` (null: 1) splits the model's `experts` (model.num_experts) through the `expert` rule."""
+    size = 1 if mesh.get("expert") is None else mesh.expert
+    axis = mesh.rules.get("expert")
+    if size == 1:
+        return
+    if not isinstance(size, int) or size < 1 or axis != "expert":
+        raise ConfigError(f"'mesh.expert'={size!r} splits the routed experts over that many devices through the rule "
+                          f"mesh.rules.expert (now {axis!r}), which must be the `expert` axis: use mesh=expert "
+                          f"mesh.expert={size} (a positive integer).")
+    if not experts or experts % size:
+        raise ConfigError(f"'mesh.expert'={size} splits the routed experts, and model.num_experts={experts}: it "
+                          "must be a multiple of mesh.expert (each device holds an equal share). A dense model has "
+                          "no experts to split: set mesh.expert=1 or pick another mesh.")

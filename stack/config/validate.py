@@ -59,7 +59,7 @@ def validate(cfg: DictConfig) -> None:
     m = cfg.model
     _check_model(m, cfg.data.seq_len)
     check_family(m)
-    check_rules(cfg.mesh)
+    check_rules(cfg.mesh, m.get("num_experts"))
     check_attention(m, cfg.hardware.platform, cfg.data.seq_len, check_context(cfg.mesh, cfg.data.seq_len))
     if m.scan_layers and cfg.quantization.method != "none":
         raise ConfigError(

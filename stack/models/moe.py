@@ -64,15 +64,17 @@ class MoE(nnx.Module):
         real = jnp.ones(x.shape[:2], bool) if real is None else real
         weights = (self.router.kernel[...], self.gate_proj[...], self.up_proj[...], self.down_proj[...])
         fn = partial(_routed, self.top_k, self.normalize, self.dtype, partial(_grouped, self.kernel, self.interpret))
-        y, stats = (_per_shard(fn) if self.kernel == "megablox" else fn)(x, real, *weights)
+        y, stats = _sharded(fn, self.kernel == "megablox")(x, real, *weights)
         if self.record:
             self.sow(RouterStats, "stats", stats)
         return y
 
 
 def _routed(top_k: int, normalize: bool, dtype: Any, grouped: Any, x: Array, real: Array, router: Array,
-            gate: Array, up: Array, down: Array) -> tuple[Array, Array]:
-    """x [B, T, D] through the routed experts -> (y [B, T, D], RouterStats [3, E] of the `real` tokens)."""
+            gate: Array, up: Array, down: Array, first: Array | int = 0) -> tuple[Array, Array]:
+    """x [B, T, D] through the routed experts -> (y [B, T, D], RouterStats [3, E] of the `real` tokens).
+    With a shard of the experts (`gate` [E_local, ...], experts first .. first + E_local - 1 of the
+    router's E): y sums those experts' outputs only."""
     b, t, d = x.shape
     tokens = x.reshape(b * t, d).astype(dtype)
     probs = jax.nn.softmax((tokens @ router.astype(dtype)).astype(jnp.float32), axis=-1)
@@ -80,16 +82,29 @@ def _routed(top_k: int, normalize: bool, dtype: Any, grouped: Any, x: Array, rea
     if normalize:
         weights = weights / weights.sum(-1, keepdims=True)
     order = jnp.argsort(chosen.reshape(-1), stable=True)  # (token, expert) pairs by expert
-    rows = tokens[order // top_k]
     sizes = jnp.bincount(chosen.reshape(-1), length=router.shape[1]).astype(jnp.int32)
-    gate, up, down = (w.astype(dtype) for w in (gate, up, down))
-    h = jax.nn.silu(grouped(rows, gate, sizes)) * grouped(rows, up, sizes)
-    out = grouped(h, down, sizes) * weights.astype(dtype).reshape(-1)[order][:, None]
+    out = _local_experts(grouped, tokens[order // top_k], sizes, first, *(w.astype(dtype) for w in (gate, up, down)))
+    out = out * weights.astype(dtype).reshape(-1)[order][:, None]
     y = jnp.zeros_like(tokens).at[order // top_k].add(out)
     weight = real.reshape(-1).astype(jnp.float32)
     counts = jnp.zeros((router.shape[1],), jnp.float32).at[chosen.reshape(-1)].add(jnp.repeat(weight, top_k))
     stats = jnp.stack([counts, (probs * weight[:, None]).sum(0), jnp.broadcast_to(weight.sum(), counts.shape)])
     return y.reshape(b, t, d), stats
+
+
+def _local_experts(grouped: Any, rows: Array, sizes: Array, first: Array | int, gate: Array, up: Array,
+                   down: Array) -> Array:
+    """The SwiGLU experts of `rows` [M, D] sorted by expert (`sizes` [E] per expert), by the experts
+    first .. first + E_local - 1 that `gate` / `up` / `down` hold; the other rows' outputs are 0."""
+    local = gate.shape[0]
+    if local == sizes.shape[0]:
+        return grouped(jax.nn.silu(grouped(rows, gate, sizes)) * grouped(rows, up, sizes), down, sizes)
+    start = jnp.cumsum(sizes)[first] - sizes[first]  # the local experts' rows begin here
+    mine = jax.lax.dynamic_slice_in_dim(sizes, first, local)
+    rows = jnp.roll(rows, -start, axis=0)
+    h = jax.nn.silu(grouped(rows, gate, mine)) * grouped(rows, up, mine)
+    held = (jnp.arange(rows.shape[0]) < mine.sum())[:, None]  # rows past the local groups: not computed
+    return jnp.roll(jnp.where(held, grouped(jnp.where(held, h, 0), down, mine), 0), start, axis=0)
 
 
 def _grouped(kernel: str, interpret: bool, rows: Array, w: Array, sizes: Array) -> Array:
@@ -106,21 +121,37 @@ def _grouped(kernel: str, interpret: bool, rows: Array, w: Array, sizes: Array) 
                interpret=interpret)[:m]
 
 
-def _per_shard(fn: Any) -> Any:
-    """`fn` (x, real, *weights) per shard of the batch under a mesh (a Pallas kernel is not partitioned
-    by XLA): each device routes its own tokens through the whole experts (their shards gathered, as
-    FSDP gathers a dense layer's), the routing counts summed over the shards."""
+def _sharded(fn: Any, kernel: bool) -> Any:
+    """`fn` (x, real, router, gate, up, down) under the mesh. Without an expert axis and a Pallas
+    `kernel`, per shard of the batch (XLA does not partition a Pallas kernel): each device routes its
+    own tokens through the whole experts (their shards gathered, as FSDP gathers a dense layer's).
+
+    Expert parallelism (the logical `expert` axis on a mesh axis of size > 1): each device holds
+    E / ep experts. Its tokens are gathered over the expert axis (when the batch is split over it),
+    every device routes them all and computes its own experts' share, and the shares are summed
+    back to each device's tokens (a reduce-scatter; Megatron-Core's all-gather token dispatcher).
+    The routing counts are summed over the batch's other axes. Neither: `fn` as XLA partitions it."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    rules = dict(get_logical_axis_rules())
+    rows, ep = rules.get("batch"), rules.get("expert")
+    ep = ep if isinstance(ep, str) and not mesh.empty and mesh.shape.get(ep, 1) > 1 else None
+    if mesh.empty or not (kernel or ep):
         return fn
-    rows = dict(get_logical_axis_rules()).get("batch")
     axes = () if rows is None else (rows,) if isinstance(rows, str) else tuple(rows)
+    split = ep in axes
 
-    def shard(x: Array, real: Array, *weights: Array) -> tuple[Array, Array]:
-        y, stats = fn(x, real, *weights)
-        return y, jax.lax.psum(stats, axes) if axes else stats
+    def shard(x: Array, real: Array, router: Array, *experts: Array) -> tuple[Array, Array]:
+        if split:
+            x, real = (jax.lax.all_gather(a, ep, axis=0, tiled=True) for a in (x, real))
+        first = jax.lax.axis_index(ep) * experts[0].shape[0] if ep else 0
+        y, stats = fn(x, real, router, *experts, first)
+        if ep:
+            y = jax.lax.psum_scatter(y, ep, scatter_dimension=0, tiled=True) if split else jax.lax.psum(y, ep)
+        others = tuple(a for a in axes if a != ep)
+        return y, jax.lax.psum(stats, others) if others else stats
 
-    specs = (PartitionSpec(rows), PartitionSpec(rows), *[PartitionSpec()] * 4)
+    experts = PartitionSpec(ep)
+    specs = (PartitionSpec(rows), PartitionSpec(rows), PartitionSpec(), experts, experts, experts)
     return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(PartitionSpec(rows), PartitionSpec()),
                          check_vma=False)
 

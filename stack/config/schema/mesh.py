@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-MESH_AXES = ("data", "fsdp", "context", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor", "expert")
 
 DEFAULT_RULES = {
     "batch": ["data", "fsdp"],  # activations and data: split over data and fsdp
@@ -15,7 +15,9 @@ DEFAULT_RULES = {
     "head_dim": None,
     "mlp": "tensor",
     "norm": None,
-    "expert": None,  # routed experts' stacking axis (stack.models.moe): replicated; null for configs from before
+    # routed experts' stacking axis (stack.models.moe): null (replicated; as configs from before), or a mesh
+    # axis of size > 1 for expert parallelism (e.g. "expert" with mesh.expert: 4)
+    "expert": None,
 }
 
 
@@ -30,6 +32,9 @@ class MeshConfig:
     # compare equal: stack.checkpoint.manager.config_diff).
     context: Optional[int] = None
     tensor: int = 1
+    # Expert parallelism: the routed experts split over this many devices (with rules.expert: expert).
+    # Null: 1 (null for the same reason as context).
+    expert: Optional[int] = None
     # Logical axis name -> mesh axis (a name, a list of names, or null = replicated).
     # The default table serves every mesh option; an option or override changes entries.
     rules: Dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_RULES))
