@@ -25,12 +25,14 @@ def rewards(run_dir) -> dict[int, float]:
 
 
 @pytest.mark.slow  # ~20 s each: CI's slow tier; the main tier's kill-and-resume is test_resume.py's SFT run
-@pytest.mark.parametrize("dynamic", [False, True], ids=["on_policy", "dynamic_sampling"])
-def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path, dynamic):
+@pytest.mark.parametrize("variant", ["on_policy", "dynamic_sampling", "paged"])
+def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path, variant):
     """With dynamic sampling a round reads 2 generation batches: the data position saved at a round's
-    end is after both (issue 78 item 4)."""
-    extra = ["reward.functions=[digits]", "algorithm.dynamic_sampling=true", "algorithm.max_generation_batches=2"]
-    extra = extra if dynamic else []
+    end is after both (issue 78 item 4). The paged engine (8 slots for 32 completions) too."""
+    dynamic = variant == "dynamic_sampling"
+    extra = {"on_policy": [], "paged": ["rollout.engine=paged", "rollout.slots=8", "rollout.page_size=4"],
+             "dynamic_sampling": ["reward.functions=[digits]", "algorithm.dynamic_sampling=true",
+                                  "algorithm.max_generation_batches=2"]}[variant]
     reference = tmp_path / "reference"
     res = run_cli(args(tmp_path, reference) + extra, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
