@@ -14,9 +14,11 @@ from stack.tools.expectations import compare, shrunk_run
 from tests.helpers import REPO, make_cfg, recipe_platforms
 
 SMALL = [n for n, p in recipe_platforms().items() if p == "cpu"]  # real size (is_real_size): test_real_size.py
-# a model family's variant of a recipe checked in the default tier (qwen3_grpo: llama_grpo's round with a Qwen3,
-# ~40 s of CPU); the family itself is checked against transformers there (tests/unit/test_hf_families.py)
-VARIANTS = {"qwen3_grpo"}
+# variants of llama_grpo, checked in the default tier, run in the slow tier (~40-50 s of CPU each): qwen3_grpo (its
+# round with a Qwen3; the family is checked against transformers in the default tier) and llama_grpo_dapo (DAPO's
+# loss, dynamic sampling and overlong penalty; their formulas are unit-tested there). Their 20-step runs agree to
+# 5 digits at -O0 and XLA's -O1, the two tiers' flags.
+VARIANTS = {"qwen3_grpo", "llama_grpo_dapo"}
 
 
 @pytest.mark.parametrize("recipe", [pytest.param(n, marks=pytest.mark.slow) if n in VARIANTS else n for n in SMALL])
