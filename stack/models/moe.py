@@ -101,10 +101,12 @@ def _local_experts(grouped: Any, rows: Array, sizes: Array, first: Array | int, 
         return grouped(jax.nn.silu(grouped(rows, gate, sizes)) * grouped(rows, up, sizes), down, sizes)
     start = jnp.cumsum(sizes)[first] - sizes[first]  # the local experts' rows begin here
     mine = jax.lax.dynamic_slice_in_dim(sizes, first, local)
-    rows = jnp.roll(rows, -start, axis=0)
-    h = jax.nn.silu(grouped(rows, gate, mine)) * grouped(rows, up, mine)
-    held = (jnp.arange(rows.shape[0]) < mine.sum())[:, None]  # rows past the local groups: not computed
-    return jnp.roll(jnp.where(held, grouped(jnp.where(held, h, 0), down, mine), 0), start, axis=0)
+    # rows past the local groups are not computed (megablox leaves them unwritten, in both directions):
+    # a select before each product and after the last keeps them out of the values and the gradients
+    held = (jnp.arange(rows.shape[0]) < mine.sum())[:, None]
+    rows = jnp.where(held, jnp.roll(rows, -start, axis=0), 0)
+    h = jnp.where(held, jax.nn.silu(grouped(rows, gate, mine)) * grouped(rows, up, mine), 0)
+    return jnp.roll(jnp.where(held, grouped(h, down, mine), 0), start, axis=0)
 
 
 def _grouped(kernel: str, interpret: bool, rows: Array, w: Array, sizes: Array) -> Array:

@@ -12,11 +12,11 @@ from stack.errors import ConfigError
 from tests.helpers import REPO, fake_devices, make_cfg
 
 SPLIT = """
-import json
+import json, sys
 import jax, numpy as np
 from flax import nnx
 from stack.models.init import init_model
-from stack.models.moe import record_router, router_aux_loss
+from stack.models.moe import record_router, router_aux_loss, use_experts
 from tests.helpers import make_cfg
 cfg = make_cfg(["model=qwen3_moe"]).model
 tokens = jax.random.randint(jax.random.key(2), (8, 24), 0, cfg.vocab_size)
@@ -34,7 +34,7 @@ for batch in (("fsdp", "expert"), "fsdp"):  # rows split over the expert axis to
     rules = (("batch", batch), ("embed", "fsdp"), ("vocab", None), ("heads", None), ("kv_heads", None),
              ("mlp", None), ("head_dim", None), ("norm", None), ("expert", "expert"))
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-        model = record_router(init_model(cfg, 0))
+        model = record_router(use_experts(init_model(cfg, 0), sys.argv[1], interpret=True))
         spec = str(model.layers[0].mlp.gate_proj[...].sharding.spec)
         logits, aux, grads, collectives = run(model)
     out[str(batch)] = {"spec": spec, "logits": float(np.abs(logits - want[0]).max()), "aux": [aux, want[1]],
@@ -45,11 +45,14 @@ print(json.dumps(out))
 """
 
 
-def test_experts_split_over_the_expert_axis_compute_what_one_device_does():
+@pytest.mark.parametrize("kernel", ["ragged", pytest.param("megablox", marks=pytest.mark.slow)])
+def test_experts_split_over_the_expert_axis_compute_what_one_device_does(kernel):
     """qwen3_moe (8 experts, top 2) on a 2 x 4 mesh (fsdp x expert), each device 2 experts: the logits,
-    the load-balancing loss and every parameter's gradient equal one device's; with the rows split over
-    the expert axis the tokens are gathered and the outputs reduce-scattered (in the program)."""
-    proc = subprocess.run([sys.executable, "-c", SPLIT], env={**fake_devices(8), "JAX_PLATFORMS": "cpu"},
+    the load-balancing loss and every parameter's gradient equal one device's (ragged dot), with XLA's
+    ragged dot or the Pallas megablox kernel (interpret mode: it leaves rows outside its groups
+    unwritten); with the rows split over the expert axis the tokens are gathered and the outputs
+    reduce-scattered (in the program)."""
+    proc = subprocess.run([sys.executable, "-c", SPLIT, kernel], env={**fake_devices(8), "JAX_PLATFORMS": "cpu"},
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
