@@ -76,12 +76,17 @@ def sizes(p: Paging, rows: int, prompt: int, new: int) -> tuple[int, int, int]:
     return slots, pages, width
 
 
+def _pages(length: Array, new: int, size: int) -> Array:
+    """The pages a request of a `length`-token prompt may fill: ceil((length + new) / size)."""
+    return (length + new + size - 1) // size
+
+
 def _admit(model: nnx.Module, st: State, ids: Array, mask: Array, new: int) -> State:
     """Prefill request `st.next` into the first free slot, on pages popped from the free list."""
     slot, r, size = jnp.argmax(st.request < 0), st.next, st.cache.k[0].shape[1]
     width = st.cache.table.shape[1]
     length = mask[r].sum()
-    need = (length + new + size - 1) // size
+    need = _pages(length, new, size)
     j = jnp.arange(width)
     row = jnp.where(j < need, st.free[jnp.maximum(st.top - 1 - j, 0)], 0)
     prompt, real = ids[r][None], mask[r][None]
@@ -134,7 +139,7 @@ def generate_paged(model: nnx.Module, prompt_ids: Array, prompt_mask: Array, key
 
     def admissible(st: State) -> Array:
         r = jnp.minimum(st.next, b - 1)
-        need = (prompt_mask[r].sum() + n + size - 1) // size
+        need = _pages(prompt_mask[r].sum(), n, size)
         return (st.next < b) & jnp.any(st.request < 0) & (st.top >= need)
 
     def body(st: State) -> State:
