@@ -8,6 +8,10 @@ half the chat format.
   both drawn from the held-out problems (`arithmetic_problems` holds out the pairs whose units
   digits are equal, never seen by SFT) and disjoint from each other: RL teaches the model a kind
   of problem its SFT warm start only partly generalises to, and is measured on unseen ones
+- tools_sft_train.jsonl: plain SFT records of 2-digit sums, and of 3-digit sums answered directly or,
+  a third of those, with the calculator tool ("a+b=" -> "calc(a+b) = c\nc", the tool's output
+  written in): the warm start of llama_grpo_tools (tool_sft)
+- tools_prompts_{train,eval}.jsonl: 3-digit sums as {"prompt","answer"}, none in tools_sft_train
 - prefs_{train,eval}.jsonl: the copy task ("copy xkqz=" -> "xkqz") as {"prompt","chosen",
   "rejected"}: the exact copy vs one with a letter changed; chat records use TRL's
   conversational format. (Copying is learnable by a tiny model in a few hundred steps, so
@@ -82,6 +86,41 @@ def copy_sft(pair: dict) -> dict:
     return {"messages": pair["prompt"] + pair["chosen"]}
 
 
+def three_digit_sum(rng: np.random.Generator) -> tuple[str, int]:
+    a, b = (int(x) for x in rng.integers(100, 1000, size=2))
+    return f"{a}+{b}=", a + b
+
+
+def tool_sft(n: int, seed: int) -> list[dict]:
+    """llama_grpo_tools' warm start: 2-digit sums answered directly (55 %), and 3-digit sums, which a
+    tiny model cannot learn to add: answered directly (30 %), or by a calculator call and a copy of its
+    output (15 %), so that sampling calls the tool on a third of 3-digit prompts and greedy not at all."""
+    rng = np.random.default_rng(seed)
+    problems = arithmetic_problems(100, "train")
+    out = []
+    for _ in range(n):
+        draw = rng.random()
+        if draw >= 0.45:
+            out.append(problems[int(rng.integers(len(problems)))])
+            continue
+        prompt, total = three_digit_sum(rng)
+        call = f"calc({prompt[:-1]}) = {total}\n" if draw < 0.15 else ""
+        out.append({"prompt": prompt, "completion": f"{call}{total}"})
+    return out
+
+
+def tool_prompts(n: int, seed: int, exclude: set[str]) -> list[dict]:
+    """3-digit sums as prompt records, none of `exclude`'s prompts."""
+    rng = np.random.default_rng(seed)
+    out: list[dict] = []
+    while len(out) < n:
+        prompt, total = three_digit_sum(rng)
+        if prompt not in exclude:
+            exclude.add(prompt)
+            out.append({"prompt": prompt, "answer": str(total)})
+    return out
+
+
 def prompt(problem: dict[str, str], chat: bool, rng: np.random.Generator) -> dict:
     text = problem["prompt"]
     return {"prompt": [SYSTEM, {"role": "user", "content": text}] if chat else text,
@@ -125,3 +164,8 @@ if __name__ == "__main__":
     write_jsonl("prompts_eval.jsonl", prompt_evals)
     asked = {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][1]["content"] for r in prompt_evals}
     write_jsonl("prompts_train.jsonl", records(prompt, "eval", 1000, seed=4, exclude=asked))
+    sft_tools = tool_sft(4000, seed=10)
+    write_jsonl("tools_sft_train.jsonl", sft_tools)
+    seen = {r["prompt"] for r in sft_tools}
+    write_jsonl("tools_prompts_eval.jsonl", tool_prompts(256, seed=11, exclude=seen))
+    write_jsonl("tools_prompts_train.jsonl", tool_prompts(2000, seed=12, exclude=seen))

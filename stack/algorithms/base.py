@@ -76,6 +76,7 @@ class Context:
     rows: Any = None  # the batch sharding [n, rows, ...]: host scoring reads and returns this process's rows
     eval: Any = None  # the `eval` config (GRPO, PPO: stack.algorithms.sampled_eval)
     rollout: Any = None  # the `rollout` config (GRPO, PPO: their engine, stack.rollout.paging_of)
+    env: Any = None  # the `env` group's EnvRunner (GRPO's multi-turn rollouts), or None
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,10 @@ class Algorithm(Protocol):
     # keep(xp, scores) -> bool [n, rows]: the rows worth training on (whole groups); the round draws
     # more generation batches (at most schedule.generations) until it has a batch of them. None: all
     keep: Callable[[Batch, Any], jax.Array] | None
+    # interact(turn, batch, host, train) -> batch: rolls completions out on the host, turn by turn
+    # (multi-turn environments), before collect; `turn(b)` runs `alg.turn(models, b, key, train)` on
+    # device with collect's key. None: collect samples on its own
+    interact: Callable[..., Batch] | None
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup: ...
 

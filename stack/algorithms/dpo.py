@@ -90,7 +90,7 @@ class DPO:
 
     data_kinds = DPOConfig.data_kinds
     schedule = Schedule()
-    score = scores_spec = finalize = keep = None
+    score = scores_spec = finalize = keep = interact = None
 
     def __init__(self, name: str = "dpo", beta: float = 0.1, loss_type: str | Sequence[str] = "sigmoid",
                  label_smoothing: float = 0.0, sft_weight: float = 0.0, reference: dict[str, Any] | None = None,

@@ -45,13 +45,15 @@
   clip_ratio/high_max, cispo_clip_ratio, completions/{mean,min,max}_length,
   completions/{mean,min,max}_terminated_length, completions/clipped_ratio; stack's own:
   reward/errors (completions × functions that gave NaN), logprob_mismatch.
+- `env` (a multi-turn environment, stack.algorithms.multiturn): `interact` rolls the completions out on the
+  host, turn by turn; collect adds the log-probs; the environment's reward is one more weighted column.
 - Eval: greedy completions of the eval prompts, scored the same way (`eval/reward`), their
   `accuracy`, and with `eval.num_samples` pass@k and maj@k (stack.algorithms.sampled_eval).
 """
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +61,7 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
+from stack.algorithms.multiturn import interaction, turn_program, turn_samplings
 from stack.algorithms.onpolicy import (
     PROMPT_KEYS,
     completion_logps,
@@ -81,7 +84,7 @@ from stack.algorithms.rlmath import (
     overlong_penalty,
     reinforce_pp_advantages,
     rloo_advantages,
-    sampler_correction,
+    sampler_weight,
     sapo_surrogate,
 )
 from stack.algorithms.sampled_eval import eval_collect, eval_metrics, eval_sampling, host_scores, host_scores_spec
@@ -124,7 +127,8 @@ class GRPO:
         self.sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
         self.evals = eval_sampling(None, self.sampling, None)  # setup's, with the `eval` keys
         self.reference = Reference((reference or {}).get("init_from"))
-        self.tokenizer = self.rewards = self.rows = None
+        self.tokenizer = self.rewards = self.rows = self.env = self.interact = None
+        self.turns = (self.sampling, self.sampling)  # the turn program's (eval, train) sampling, with an env
         self.score, self.scores_spec = self._score, self._scores_spec  # None with a reward model alone
 
     def setup(self, policy: nnx.Module, ctx: Context) -> Setup:
@@ -134,20 +138,35 @@ class GRPO:
                                 paging=paging_of(ctx.rollout))
         self.evals = eval_sampling(ctx.eval, self.sampling, host_rules(ctx.rewards))
         frozen = {**(self.reference.setup(policy, ctx) if self.beta else {}), **reward_model(policy, ctx)}
-        if host_rules(ctx.rewards) is None:  # a reward model alone: nothing scored on the host
+        if host_rules(ctx.rewards) is None:  # a reward model or an environment alone: nothing scored on the host
             self.score = self.scores_spec = None
+        if ctx.env is not None:  # multi-turn rollouts (stack.algorithms.multiturn)
+            self.env, self.interact = ctx.env, self._interact
+            self.turns = turn_samplings(self.evals.greedy, self.sampling, ctx.env, ctx.tokenizer)
         return Setup(frozen=frozen)
+
+    def _interact(self, turn: Callable[[Batch], Batch], batch: Batch, host: dict, train: bool) -> Batch:
+        """The prompts' multi-turn rollouts (G per prompt; in eval the greedy one), for `collect`."""
+        s = self.sampling
+        return interaction(turn, batch, host, self.group if train else 1, (self.tokenizer, self.env, self.rows),
+                           s.max_new_tokens, s.pad_id, s.eos_ids)
+
+    def turn(self, models: nnx.Module, batch: Batch, key: jax.Array, train: bool) -> Batch:
+        """One model turn of multi-turn rollouts, keyed as `collect`."""
+        return turn_program(models.policy, batch, key, self.turns[train])
 
     def collect(self, models: nnx.Module, frozen: Any, state: Any, batch: Batch, key: jax.Array,
                 train: bool) -> Batch:
         """G sampled completions per prompt with old/ref log-probs (train), or the eval's (sampled_eval)."""
+        rolled = "completion" in batch  # by multi-turn rollouts (`interact`): its rows are the experience
         if not train:
-            return eval_collect(models.policy, frozen, batch, key, self.evals)
-        rows = {k: jnp.repeat(batch[k], self.group, axis=1) for k in PROMPT_KEYS}
+            return (map_micro(lambda b: with_model_scores(frozen, b), batch) if rolled
+                    else eval_collect(models.policy, frozen, batch, key, self.evals))
+        rows = batch if rolled else {k: jnp.repeat(batch[k], self.group, axis=1) for k in PROMPT_KEYS}
         number = jnp.tile(jnp.arange(self.group), batch["index"].shape[1])
 
         def one(b: Batch) -> Batch:
-            xp = rollout(models.policy, b, key, number, self.sampling)
+            xp = b if rolled else rollout(models.policy, b, key, number, self.sampling)
             if self.keep_old:
                 xp["old_logps"] = completion_logps(models.policy, xp, self.temperature)[0]
             if self.beta:
@@ -180,7 +199,7 @@ class GRPO:
     def _rewards(self, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
         """The reward per completion and its metrics (scored_rewards), with DAPO's soft overlong
         punishment added as one more term (TRL: a reward function; `reward` logs the sum)."""
-        reward, metrics = scored_rewards(self.rewards, xp, scores)
+        reward, metrics = scored_rewards(self.rewards, xp, scores, self.env and self.env.weight)
         if self.overlong[0]:
             lengths = xp["completion_mask"].sum(-1)
             penalty = self.overlong[1] * overlong_penalty(lengths, self.sampling.max_new_tokens, self.overlong[0])
@@ -222,7 +241,8 @@ class GRPO:
         if self.top_entropy is not None:
             per_token = per_token * high_entropy(jax.lax.stop_gradient(entropy), mask, 1 - self.top_entropy)
         if self.is_correction[0] != "none":
-            weight, is_metrics = self._sampler_weight(jax.lax.stop_gradient(old), batch["sampler_logps"], mask)
+            weight, is_metrics = sampler_weight(jax.lax.stop_gradient(old), batch["sampler_logps"], mask,
+                                                self.is_correction)
             per_token = per_token * weight
             metrics.update(is_metrics)
         metrics["entropy"] = masked_mean(entropy, mask)
@@ -253,16 +273,6 @@ class GRPO:
                            "clip_ratio/low_min": jnp.nanmin(of_rows(clip["low"])),  # NaN rows: no token
                            "clip_ratio/high_max": jnp.nanmax(of_rows(clip["high"]))}
 
-    def _sampler_weight(self, old: jax.Array, sampler: jax.Array, mask: jax.Array) -> tuple[jax.Array, Metrics]:
-        """`is_correction`'s weight per token and TRL's `sampling/importance_sampling_ratio/*` (of the
-        weights: over real tokens, or sequences) with stack's own `sampling/is_masked_fraction`."""
-        weight, masked = sampler_correction(old, sampler, mask, *self.is_correction)
-        where = jnp.ones(weight.shape, bool) if weight.shape[-1] == 1 else mask > 0
-        stats = {"min": jnp.where(where, weight, jnp.inf).min(), "max": jnp.where(where, weight, -jnp.inf).max(),
-                 "mean": masked_mean(weight, where)}
-        return weight, {**{f"sampling/importance_sampling_ratio/{k}": v for k, v in stats.items()},
-                        "sampling/is_masked_fraction": masked_mean(masked.astype(jnp.float32), where)}
-
     def _aggregate(self, losses: jax.Array, mask: jax.Array, batch: Batch) -> Terms:
         """(numerator, denominator) of `loss_type` over a micro-batch; summed over micro-batches."""
         if self.loss_type in ("grpo", "sapo"):
@@ -276,7 +286,7 @@ class GRPO:
         return losses.sum(), batch["row_tokens"].sum() if "row_tokens" in batch else mask.sum()
 
     def evaluate(self, models: nnx.Module, xp: Batch, scores: jax.Array | None, frozen: Any, state: Any) -> Metrics:
-        return eval_metrics(self.rewards, xp, scores, self.evals)
+        return eval_metrics(self.rewards, xp, scores, self.evals, self.env and self.env.weight)
 
     def batch_tokens(self, batch: dict[str, Any]) -> int:
         """Prompt + completion tokens; of a prompt batch, the sequences collect samples from it."""

@@ -97,9 +97,11 @@ def score_on_host(tokenizer: Any, rewards: Any, xp: Batch, host: dict[str, np.nd
     """[n, rows, functions] rule rewards of the decoded completions (NaN: no reward); the host
     columns (e.g. `answer`) are repeated for the completions of each prompt. Each process scores
     the completions of its own prompts (`rows`: the batch sharding, stack.hardware.mesh.process_rows).
+    A multi-turn completion is its whole transcript, the environment's tokens included.
     `answers(completions, rows per prompt)`: one more column (stack.algorithms.sampled_eval)."""
-    ids, prompt_mask, completion, mask = process_rows(
-        (xp["prompt_ids"], xp["prompt_mask"], xp["completion"], xp["completion_mask"]), rows)
+    real = xp["completion_mask"] + xp["env_mask"] if "env_mask" in xp else xp["completion_mask"]
+    ids, prompt_mask, completion, mask = process_rows((xp["prompt_ids"], xp["prompt_mask"], xp["completion"], real),
+                                                      rows)
     n, local = completion.shape[:2]
     group = local // next(iter(host.values())).shape[1]
     eos = stop_ids(tokenizer)
@@ -144,18 +146,24 @@ def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array,
     return reward, metrics
 
 
-def scored_rewards(rewards: Any, xp: Batch, scores: jax.Array | None) -> tuple[jax.Array, Metrics]:
+def scored_rewards(rewards: Any, xp: Batch, scores: jax.Array | None,
+                   env_weight: float = 1.0) -> tuple[jax.Array, Metrics]:
     """The reward per completion and its metrics (rule_rewards) of the rule functions' `scores`
-    [.., functions] (None: none on the host) and, with a reward model, its scores from collect
-    as one more column, weighted by `rewards.weight` (TRL's GRPOTrainer: a model is one of the
-    reward functions, logged as rewards/<its name>/mean; here `rewards/reward_model/mean`)."""
-    if "rm_scores" not in xp:
+    [.., functions] (None: none on the host) and the columns collect added: a reward model's scores,
+    weighted by `rewards.weight` (TRL's GRPOTrainer: a model is one of the reward functions, logged as
+    rewards/<its name>/mean; here `rewards/reward_model/mean`), and an environment's rewards
+    (`env_reward`, weighted by `env_weight`: `rewards/env/mean`)."""
+    extra = [(name, xp[key][..., None], weight) for key, name, weight in
+             (("rm_scores", "reward_model", getattr(rewards, "weight", None)), ("env_reward", "env", env_weight))
+             if key in xp]
+    if not extra:
         return rule_rewards(rewards, xp, scores)
-    rules, model = host_rules(rewards), xp["rm_scores"][..., None]
+    rules = host_rules(rewards)
     names, weights = ([], []) if rules is None else (list(rules.names), list(rules.weights))
-    columns = model if scores is None else jnp.concatenate([scores, model], -1)
-    both = Weighted([*names, "reward_model"], np.asarray([*weights, rewards.weight], np.float32))
-    return rule_rewards(both, xp, columns)
+    columns = ([] if scores is None else [scores]) + [column for _, column, _ in extra]
+    both = Weighted([*names, *(name for name, _, _ in extra)],
+                    np.asarray([*weights, *(weight for _, _, weight in extra)], np.float32))
+    return rule_rewards(both, xp, jnp.concatenate(columns, -1))
 
 
 def completion_metrics(xp: Batch) -> Metrics:
@@ -166,4 +174,15 @@ def completion_metrics(xp: Batch) -> Metrics:
             "completions/max_length": lengths.max(), "completions/clipped_ratio": xp["truncated"].mean(),
             "completions/mean_terminated_length": jnp.where(any_ended, masked_mean(lengths, ended), 0.0),
             "completions/min_terminated_length": jnp.where(any_ended, jnp.where(ended, lengths, jnp.inf).min(), 0.0),
-            "completions/max_terminated_length": jnp.where(any_ended, jnp.where(ended, lengths, -jnp.inf).max(), 0.0)}
+            "completions/max_terminated_length": jnp.where(any_ended, jnp.where(ended, lengths, -jnp.inf).max(), 0.0),
+            **env_metrics(xp)}
+
+
+def env_metrics(xp: Batch) -> Metrics:
+    """Of multi-turn rollouts (stack.algorithms.transcripts): model turns per trajectory, the fraction of
+    trajectories the environment answered at least once (a tool environment's tool-call rate), the
+    trajectories an environment failure ended."""
+    if "env_turns" not in xp:
+        return {}
+    return {"env/turns": xp["env_turns"].mean(), "env/tool_call_rate": (xp["env_calls"] > 0).mean(),
+            "env/errors": xp["env_errors"].sum()}

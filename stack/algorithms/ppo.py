@@ -85,7 +85,7 @@ def rewards_per_token(
 class PPO:
     data_kinds = PPOConfig.data_kinds
     precomputes = False
-    keep = None
+    keep = interact = None
 
     def __init__(self, name: str = "ppo", max_new_tokens: int = 8, temperature: float = 0.7, kl_coef: float = 0.05,
                  kl_estimator: str = "k1", adaptive_kl: bool = False, target_kl: float = 6.0,

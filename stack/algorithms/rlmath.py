@@ -139,6 +139,19 @@ def sampler_correction(old: Array, sampler: Array, mask: Array, mode: str, cap: 
     return jnp.where(outside, 0.0, ratio), outside
 
 
+def sampler_weight(old: Array, sampler: Array, mask: Array,
+                   correction: tuple[str, float | None, float | None]) -> tuple[Array, dict[str, Array]]:
+    """GRPO's `is_correction` weight per token (sampler_correction of `correction` = (mode, cap, floor)) and
+    TRL's `sampling/importance_sampling_ratio/*` (of the weights: over real tokens, or sequences) with
+    stack's own `sampling/is_masked_fraction`."""
+    weight, masked = sampler_correction(old, sampler, mask, *correction)
+    where = jnp.ones(weight.shape, bool) if weight.shape[-1] == 1 else mask > 0
+    stats = {"min": jnp.where(where, weight, jnp.inf).min(), "max": jnp.where(where, weight, -jnp.inf).max(),
+             "mean": masked_mean(weight, where)}
+    return weight, {**{f"sampling/importance_sampling_ratio/{k}": v for k, v in stats.items()},
+                    "sampling/is_masked_fraction": masked_mean(masked.astype(jnp.float32), where)}
+
+
 def nanstd(x: Array) -> Array:
     """The unbiased std of the non-NaN entries of `x` (TRL's `nanstd`); 0 with fewer than two."""
     ok = ~jnp.isnan(x)

@@ -43,7 +43,7 @@ class RewardModel:
     data_kinds = RMConfig.data_kinds
     schedule = Schedule()
     precomputes = False
-    collect = score = scores_spec = finalize = keep = None  # the batch is the experience
+    collect = score = scores_spec = finalize = keep = interact = None  # the batch is the experience
 
     def __init__(self, name: str = "rm", center_rewards_coefficient: float = 0.0):
         self.name, self.center = name, center_rewards_coefficient

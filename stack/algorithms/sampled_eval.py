@@ -129,11 +129,13 @@ def _rate(values: jax.Array, correct: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(scored, values, 0.0)) / jnp.maximum(scored.sum(), 1)
 
 
-def eval_metrics(rewards: Any, xp: Batch, scores: jax.Array | None, ev: EvalSampling) -> Metrics:
-    """The greedy completions' reward metrics (scored_rewards) and accuracy; pass@k and maj@k of the samples."""
+def eval_metrics(rewards: Any, xp: Batch, scores: jax.Array | None, ev: EvalSampling,
+                 env_weight: float | None = None) -> Metrics:
+    """The greedy completions' reward metrics (scored_rewards; `env_weight`: an environment's, GRPO) and
+    accuracy; pass@k and maj@k of the samples."""
     n = ev.samples
     if not n:
-        metrics = scored_rewards(rewards, xp, scores)[1]
+        metrics = scored_rewards(rewards, xp, scores, 1.0 if env_weight is None else env_weight)[1]
         if ev.correct is not None:
             correct = scores[..., ev.correct]
             metrics["accuracy"] = _rate((correct >= 1).astype(jnp.float32), correct[..., None])

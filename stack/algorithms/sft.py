@@ -22,7 +22,7 @@ class SFT:
     data_kinds = SFTConfig.data_kinds
     schedule = Schedule()
     precomputes = False
-    collect = score = scores_spec = finalize = keep = None  # the batch is the experience
+    collect = score = scores_spec = finalize = keep = interact = None  # the batch is the experience
 
     def __init__(self, name: str = "sft", loss_reduction: str = "mean"):
         self.name, self.loss_reduction = name, loss_reduction

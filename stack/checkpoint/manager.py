@@ -97,7 +97,7 @@ ABSENT = "<absent>"  # a key one side of config_diff lacks
 
 def config_diff(saved: Any, now: Any, prefix: str = "") -> list[str]:
     """`key: saved -> now` for every leaf that differs. A key only one side has counts as unchanged
-    while it is null or false there: an option added to (or dropped from) stack since the save,
+    while it is null, false or "none" there: an option added to (or dropped from) stack since the save,
     off, computes what the run computed (recipes.config_changes's rule), so an upgrade of stack
     does not strand a run (before, every new key refused the resume of older checkpoints)."""
     if isinstance(saved, dict) and isinstance(now, dict):
@@ -107,7 +107,7 @@ def config_diff(saved: Any, now: Any, prefix: str = "") -> list[str]:
         there = now if saved is ABSENT else saved
         if isinstance(there, dict):  # a group added or dropped: its keys one by one
             return config_diff({} if saved is ABSENT else saved, {} if now is ABSENT else now, prefix)
-        if there is None or there is False:
+        if there is None or there is False or there == "none":  # "none": a group's option that is off
             return []
     return [] if saved == now else [f"{prefix.rstrip('.')}: {saved!r} -> {now!r}"]
 

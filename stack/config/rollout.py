@@ -1,7 +1,9 @@
-"""Checks of the `rollout` keys: which engine GRPO and PPO generate with (stack.rollout) and its sizes."""
+"""Checks of the `rollout` keys: which engine GRPO and PPO generate with (stack.rollout) and its sizes;
+and of the `env` group (stack.config.env)."""
 
 from omegaconf import DictConfig, OmegaConf
 
+from stack.config.env import check_env
 from stack.errors import ConfigError, bad_choice
 
 ENGINES = ("static", "paged")
@@ -10,7 +12,8 @@ SIZES = ("slots", "page_size", "pages")
 
 def check_rollout(cfg: DictConfig) -> None:
     """`rollout.engine` null, static or paged (for an algorithm that generates); the paged engine's
-    sizes null or positive integers, and set only for it."""
+    sizes null or positive integers, and set only for it; the `env` group."""
+    check_env(cfg)
     r = cfg.rollout
     if r.engine is not None and r.engine not in ENGINES:
         raise bad_choice("rollout.engine", r.engine, ENGINES)

@@ -126,7 +126,7 @@ def _check_reward(cfg: DictConfig) -> None:
     model = r.init_from is not None  # a run's checkpoints are checked when loaded (stack.rewards.model)
     if model and r.init_from.startswith("hf:"):
         _check_hf_reward(r.init_from, cfg.model.vocab_size)
-    if not r.functions and not model:
+    if not r.functions and not model and cfg.env.environment is None:  # an environment may reward alone
         raise ConfigError("'reward.functions' is empty: list at least one (accuracy, format, length, or "
                           "pkg.module.fn), or score with a reward model "
                           "(reward=model reward.init_from=RUN/checkpoints).")

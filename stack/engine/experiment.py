@@ -21,6 +21,7 @@ from stack.hardware.compile_cache import machine_file
 from stack.hardware.platform import peak_flops_per_device
 from stack.logging.sinks import Sink
 from stack.quant.providers import Lora, NoQuantization, Qat
+from stack.rewards.env_runner import EnvRunner
 from stack.rewards.model import ModelReward
 from stack.rewards.runner import RewardRunner
 
@@ -48,6 +49,7 @@ class Experiment:
     wandb_id: str | None = None
     rewards: RewardRunner | ModelReward | None = None  # the `reward` group (rule functions or a reward model)
     precompiled: Precompile | None = None  # the first round's program, compiled during the model init
+    env: EnvRunner | None = None  # the `env` group: GRPO's multi-turn environments (None: single-turn)
 
     @cached_property
     def peak_flops_per_device(self) -> float:

@@ -7,16 +7,14 @@ algorithm state, the optimizer step count and the run's base PRNG key (raw key d
 Module states are pure nested dicts (`nnx.to_pure_dict`), merged with their graph inside
 the jitted programs: flattening them on every call costs a fifth of an `nnx.State`'s.
 
-`make_programs` returns the four jitted functions the trainer runs each round (collect,
-finalize, update, evaluate), and `collect_update` for rounds with nothing between the two;
-`mode=compile` lowers the very same functions for abstract inputs. `update` is the one train
-step: it scans the micro-batches of its minibatch, sums the gradients and the loss's
-(numerator, denominator) and divides once, so every counted item (token, pair) weighs the
-same however the minibatch is split.
-
-Keys: every random draw comes from `key` (the seed), split by purpose with `fold_in`
-(loss, collect, eval) and then by the optimizer step, so a run draws the same numbers
-whether or not it was resumed.
+`make_programs` returns the jitted functions the trainer runs each round (collect, finalize,
+update, evaluate; `collect_update` for rounds with nothing between the two; `interact`, a host
+loop of a jitted turn program, for multi-turn rollouts); `mode=compile` lowers the very same
+functions. `update` is the one train step: it scans the micro-batches of its minibatch, sums
+the gradients and the loss's (numerator, denominator) and divides once, so every counted item
+(token, pair) weighs the same however the minibatch is split.
+Keys: every random draw comes from `key` (the seed), split by purpose with `fold_in` (loss,
+collect, eval), then by the optimizer step: a run draws the same numbers, resumed or not.
 """
 
 from __future__ import annotations
@@ -92,7 +90,7 @@ class Parts:
 def split_models(exp: Experiment) -> Parts:
     """Run the algorithm's `setup` on the policy and split the modules into states."""
     ctx = Context(exp.quant, exp.tokenizer, exp.rewards, exp.cfg.seed, exp.cfg.model,
-                  batch_sharding(exp.mesh, exp.rules), exp.cfg.eval, exp.cfg.rollout)
+                  batch_sharding(exp.mesh, exp.rules), exp.cfg.eval, exp.cfg.rollout, exp.env)
     setup = exp.algorithm.setup(exp.model, ctx)
     graphdef, params, rest = nnx.split(Models(policy=exp.model, **setup.trained),
                                        trained_filter(exp.quant.trainable), ...)
@@ -213,6 +211,9 @@ class Programs:
     # program, for rounds with nothing between them (`one_program`); else None
     collect_update: Callable | None = None
     keep: Callable | None = None  # (xp, scores) -> bool [n, rows], replicated: the rows a round keeps
+    # (state.models_only(), batch, host, train) -> batch: the algorithm's multi-turn rollouts, on the host
+    # between runs of its jitted turn program, before collect; None: collect samples on its own
+    interact: Callable | None = None
 
 
 def _pass_batch(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Batch:
@@ -233,6 +234,21 @@ def one_program(alg: Any) -> bool:
             and schedule.epochs * schedule.minibatches == 1)
 
 
+def collect_key(state: TrainState, train: bool) -> jax.Array:
+    """The key of a round's collect (or of the eval's, the same at every eval)."""
+    return purpose_key(state, COLLECT) if train else purpose_key(state, EVAL, per_step=False)
+
+
+def interaction(alg: Any, models: Callable[[TrainState], nnx.Module]) -> Callable:
+    """`Programs.interact`: the algorithm's host loop, each turn a run of its jitted `turn` program."""
+    turn = jax.jit(lambda s, b, train: alg.turn(models(s), b, collect_key(s, train), train), static_argnums=2)
+
+    def interact(state: TrainState, batch: Batch, host: dict, train: bool) -> Batch:
+        return alg.interact(lambda b: turn(state, b, train), batch, host, train)
+
+    return interact
+
+
 def make_programs(exp: Experiment, parts: Parts, shardings: TrainState) -> Programs:
     """The run's jitted programs; `update` keeps the state in `shardings` and donates it."""
     alg, accum = exp.algorithm, exp.cfg.trainer.grad_accum
@@ -240,8 +256,7 @@ def make_programs(exp: Experiment, parts: Parts, shardings: TrainState) -> Progr
     frozen_of = lambda f: None if f is None else nnx.merge(parts.frozen_graphdef, f)  # noqa: E731
 
     def collect(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Batch:
-        key = purpose_key(state, COLLECT) if train else purpose_key(state, EVAL, per_step=False)
-        return alg.collect(models(state), frozen_of(frozen), state.algo, batch, key, train)
+        return alg.collect(models(state), frozen_of(frozen), state.algo, batch, collect_key(state, train), train)
 
     def update(state: TrainState, frozen: Any, xp: Batch, j: jax.Array) -> tuple[TrainState, Metrics]:
         micro = minibatch(xp, j, accum, alg.schedule, state)
@@ -281,4 +296,5 @@ def make_programs(exp: Experiment, parts: Parts, shardings: TrainState) -> Progr
         evaluate=jax.jit(evaluate, out_shardings=replicated),
         collect_update=step(collect_update) if one_program(alg) else None,
         keep=jax.jit(alg.keep, out_shardings=replicated) if alg.keep is not None else None,
+        interact=interaction(alg, models) if alg.interact is not None else None,
     )

@@ -1,15 +1,21 @@
 """The `reward` group: rule functions by name (or a user's function by import path) run by a
-RewardRunner in worker processes with a timeout, or a trained reward model (`reward=model`)."""
+RewardRunner in worker processes with a timeout, or a trained reward model (`reward=model`); and the
+`env` group's environments (an EnvRunner), which reward trajectories beside them."""
 
 import functools
 from typing import Any, Callable
 
 from stack.config import targets
+from stack.config.schema.env import EnvConfig
 from stack.config.targets import check_reward_function
 from stack.errors import ConfigError
+from stack.rewards.calculator import Calculator
+from stack.rewards.env_runner import EnvRunner
 from stack.rewards.functions import RULES
 from stack.rewards.model import ModelReward
 from stack.rewards.runner import RewardRunner
+
+ENVIRONMENTS = {"calculator": Calculator}  # the built-in environments (stack.config.schema.env.EnvConfig.builtins)
 
 
 def resolve(name: str, allowed: tuple[str, ...]) -> Callable:
@@ -44,3 +50,18 @@ def metric_name(name: str, names: list[str]) -> str:
     short = name.rsplit(".", 1)[-1]
     return short if sum(n.rsplit(".", 1)[-1] == short for n in names) == 1 else name
 
+
+
+def make_env(cfg: Any, allowed: tuple[str, ...]) -> EnvRunner | None:
+    """The `env` group's EnvRunner (None: single-turn rollouts): a built-in environment by name, or a
+    class by import path when `allow_targets` lists its package."""
+    if cfg.environment is None:
+        return None
+    factory = ENVIRONMENTS.get(cfg.environment)
+    if factory is None:
+        try:
+            factory = targets.resolve(cfg.environment, tuple(p.rstrip(".") for p in allowed))
+        except (LookupError, ImportError) as why:
+            raise ConfigError(f"'env.environment'={cfg.environment!r} cannot be used: {why}.") from None
+    sizes = {k: default if cfg[k] is None else cfg[k] for k, default in EnvConfig.defaults.items()}
+    return EnvRunner(cfg.environment, factory, **sizes)

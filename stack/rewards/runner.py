@@ -13,56 +13,13 @@ worker that dies before it starts (a spawned process imports the main module fir
 without the `if __name__ == "__main__":` guard runs itself again there) raises RunFailed.
 """
 
-import multiprocessing
-import time
 import warnings
 from typing import Any, Callable
 
 import numpy as np
 
 from stack.errors import RunFailed
-
-
-def _serve(conn: Any) -> None:
-    """Worker loop: ("started", None) once, then (function, kwargs) in, ("ok", values) or ("error", message) out."""
-    conn.send(("started", None))
-    while True:
-        try:
-            fn, kwargs = conn.recv()
-        except EOFError:
-            return
-        try:
-            conn.send(("ok", list(fn(**kwargs))))
-        except Exception as exc:  # the function's own failure: reported, the worker lives on
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-
-
-class Worker:
-    """A spawned process that calls one function at a time."""
-
-    def __init__(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-        self.proc.start()
-        self.started = False
-
-    def answer(self, timeout: float) -> tuple[str, Any]:
-        """The next answer, past the start-up message: TimeoutError after `timeout` seconds,
-        EOFError or OSError if the process died."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if not self.conn.poll(max(deadline - time.monotonic(), 0.0)):
-                raise TimeoutError
-            message = self.conn.recv()
-            if message[0] != "started":
-                return message
-            self.started = True
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.join()
-        self.conn.close()
+from stack.hardware.worker import Worker
 
 
 class RewardRunner:

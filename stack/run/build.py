@@ -31,7 +31,7 @@ from stack.logging.sinks import JsonlSink, Sink
 from stack.models.init import abstract_model
 from stack.optim.chain import make_optimizer
 from stack.quant.providers import Lora, NoQuantization, Qat, make_quantization
-from stack.rewards.group import make_rewards
+from stack.rewards.group import make_env, make_rewards
 
 
 def make_sinks(cfg: DictConfig, run_dir: str, group: str | None, name: str | None,
@@ -119,22 +119,22 @@ def build(cfg: DictConfig, run_dir: str, group: str | None = None, name: str | N
                           available_bytes())
     flops = train_flops_per_token(cfg.model, trained_length(cfg))
     if abstract:
-        model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
+        model, rewards, env = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                          flops, rewards=rewards)
+                          flops, rewards=rewards, env=env)
     checkpointer = Checkpointer(cfg, run_dir)
     try:
         meta = resume_meta(checkpointer, run_dir)  # before the model: a refused run costs no model init
         precompiled = start_precompile(Experiment(cfg, run_dir, mesh, rules, None, quant, tx, schedule, algorithm,
                                                   tokenizer, train, evals, flops), lambda: initial_model(cfg, True))
-        model, rewards = _model_and_rewards(cfg, mesh, rules, quant, abstract)
+        model, rewards, env = _model_and_rewards(cfg, mesh, rules, quant, abstract)
         sinks = make_sinks(cfg, run_dir, group, name, (meta or {}).get("wandb_id"))  # a resume continues its wandb run
     except BaseException:
         checkpointer.close()
         raise
     wandb_id = next((s.run_id for s in sinks if hasattr(s, "run_id")), None)
     return Experiment(cfg, run_dir, mesh, rules, model, quant, tx, schedule, algorithm, tokenizer, train, evals,
-                      flops, sinks, checkpointer, wandb_id, rewards, precompiled)
+                      flops, sinks, checkpointer, wandb_id, rewards, precompiled, env)
 
 
 def resume_meta(checkpointer: Checkpointer, run_dir: str) -> dict[str, Any] | None:
@@ -147,8 +147,10 @@ def resume_meta(checkpointer: Checkpointer, run_dir: str) -> dict[str, Any] | No
 
 
 def _model_and_rewards(cfg: DictConfig, mesh: jax.sharding.Mesh, rules: tuple[tuple[str, Any], ...],
-                       quant: NoQuantization | Qat | Lora, abstract: bool) -> tuple[nnx.Module, Any]:
-    """The policy (quantization applied, params born sharded) and the `reward` group's objects."""
+                       quant: NoQuantization | Qat | Lora, abstract: bool) -> tuple[nnx.Module, Any, Any]:
+    """The policy (quantization applied, params born sharded), the `reward` group's objects and the `env`
+    group's (stack.rewards.group)."""
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
         model = quant.apply(initial_model(cfg, abstract), abstract)
-    return model, make_rewards(cfg.reward, tuple(cfg.allow_targets))
+    allowed = tuple(cfg.allow_targets)
+    return model, make_rewards(cfg.reward, allowed), make_env(cfg.env, allowed)

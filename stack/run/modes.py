@@ -91,7 +91,9 @@ def _train_in(cfg: DictConfig, run_dir: str, group: str | None, name: str | None
         summary = train(exp)
     finally:
         exp.checkpointer.close()  # the last async save completes before the process ends
-        exp.rewards.close()  # reward worker processes
+        for workers in (exp.rewards, exp.env):  # reward and environment worker processes
+            if workers is not None:
+                workers.close()
         for sink in exp.sinks:
             sink.close(summary.metrics() if summary else None)
     return summary

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.helpers import read_metrics, run_cli
+from tests.helpers import REPO, read_metrics, run_cli
 from tests.integration.test_resume import kill_at_step_and_rerun
 
 PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(20), range(3, 23), strict=True)]
@@ -25,16 +25,20 @@ def rewards(run_dir) -> dict[int, float]:
 
 
 @pytest.mark.slow  # ~20 s each: CI's slow tier; the main tier's kill-and-resume is test_resume.py's SFT run
-@pytest.mark.parametrize("variant", ["on_policy", "dynamic_sampling", "paged"])
+@pytest.mark.parametrize("variant", ["on_policy", "dynamic_sampling", "paged", "env"])
 def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path, variant):
     """With dynamic sampling a round reads 2 generation batches: the data position saved at a round's
-    end is after both (issue 78 item 4). The paged engine (8 slots for 32 completions) too."""
-    dynamic = variant == "dynamic_sampling"
+    end is after both (issue 78 item 4). The paged engine (8 slots for 32 completions) too, and
+    multi-turn rollouts (an environment that rewards each turn's length; its worker imports tests.*,
+    so those runs start in the repository)."""
+    dynamic, cwd = variant == "dynamic_sampling", str(REPO) if variant == "env" else str(tmp_path)
     extra = {"on_policy": [], "paged": ["rollout.engine=paged", "rollout.slots=8", "rollout.page_size=4"],
+             "env": ["allow_targets=[tests.unit.env_fns]", "env.environment=tests.unit.env_fns.Chatter",
+                     "env.max_turns=3", "algorithm.max_new_tokens=12", "reward.functions=[]"],
              "dynamic_sampling": ["reward.functions=[digits]", "algorithm.dynamic_sampling=true",
                                   "algorithm.max_generation_batches=2"]}[variant]
     reference = tmp_path / "reference"
-    res = run_cli(args(tmp_path, reference) + extra, cwd=str(tmp_path))
+    res = run_cli(args(tmp_path, reference) + extra, cwd=cwd)
     assert res.returncode == 0, res.stderr[-3000:]
     want = rewards(reference)
     assert sorted(want) == list(range(1, 11))
@@ -42,7 +46,7 @@ def test_kill_9_during_grpo_resumes_with_the_same_rewards(tmp_path, variant):
     assert epochs[1] < 1 < epochs[2] if not dynamic else epochs[0] == 16 / 20  # 20 prompts, 8 per batch
 
     run_dir = tmp_path / "run"
-    kill_at_step_and_rerun(args(tmp_path, run_dir) + extra, run_dir, 5, str(tmp_path), last=10)
+    kill_at_step_and_rerun(args(tmp_path, run_dir) + extra, run_dir, 5, cwd, last=10)
     assert rewards(run_dir) == want  # exactly, step by step
 
 

@@ -102,3 +102,18 @@ def test_dapo_recipe_teaches_the_held_out_sums_drawing_more_prompts(tmp_path):
     train = [r for r in rows if "train/dynamic_sampling/generation_batches" in r]
     assert sum(r["train/dynamic_sampling/generation_batches"] for r in train) / len(train) > 1
     assert sum(r["train/dynamic_sampling/kept_fraction"] for r in train) / len(train) > 0.9
+
+
+@pytest.mark.slow
+def test_tools_recipe_learns_to_call_the_calculator(tmp_path):
+    """`+recipe=llama_grpo_tools` alone: greedy decoding on the 256 held-out 3-digit sums calls the tool
+    rarely at first (0.05 recorded) and on >= 90 % of them at the end (1.00), and the accuracy, the
+    environment's reward, rises from the warm start's (0.13) to >= 0.4 (0.66)."""
+    res = run_cli(["+recipe=llama_grpo_tools", f"run_dir={tmp_path}"], cwd=str(tmp_path), timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    evals = [r for r in read_metrics(tmp_path) if "eval/reward" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 200
+    calls = [r["eval/env/tool_call_rate"] for r in (evals[0], evals[-1])]
+    accuracy = [r["eval/rewards/env/mean"] for r in (evals[0], evals[-1])]
+    assert calls[0] < 0.5 and calls[1] >= 0.9, calls
+    assert accuracy[1] >= 0.4 and accuracy[1] > accuracy[0] + 0.2, accuracy

@@ -16,9 +16,10 @@ from tests.helpers import REPO, make_cfg, recipe_platforms
 SMALL = [n for n, p in recipe_platforms().items() if p == "cpu"]  # real size (is_real_size): test_real_size.py
 # variants of llama_grpo, checked in the default tier, run in the slow tier (~40-50 s of CPU each): qwen3_grpo (its
 # round with a Qwen3; the family is checked against transformers in the default tier) and llama_grpo_dapo (DAPO's
-# loss, dynamic sampling and overlong penalty; their formulas are unit-tested there). Their 20-step runs agree to
-# 5 digits at -O0 and XLA's -O1, the two tiers' flags.
-VARIANTS = {"qwen3_grpo", "llama_grpo_dapo"}
+# loss, dynamic sampling and overlong penalty; their formulas are unit-tested there), and llama_grpo_tools (the
+# multi-turn rollouts of tests/unit/test_env.py with the calculator). Their 20-step runs agree to 5 digits at -O0
+# and XLA's -O1, the two tiers' flags.
+VARIANTS = {"qwen3_grpo", "llama_grpo_dapo", "llama_grpo_tools"}
 
 
 @pytest.mark.parametrize("recipe", [pytest.param(n, marks=pytest.mark.slow) if n in VARIANTS else n for n in SMALL])

@@ -20,9 +20,9 @@ OPTIONS = [
 ]
 
 
-def test_all_eleven_groups_have_options():
+def test_all_twelve_groups_have_options():
     assert set(GROUPS) == {"model", "mesh", "optimizer", "quantization", "data", "checkpoint",
-                           "hardware", "algorithm", "reward", "logger", "launcher"}
+                           "hardware", "algorithm", "reward", "env", "logger", "launcher"}
     for group in GROUPS:
         assert any(g == group for g, _ in OPTIONS), f"group {group} has no option"
 
@@ -34,8 +34,9 @@ REQUIRED = {("checkpoint", "persistent"): "checkpoint.path", ("checkpoint", "mul
 PARTNER = {("algorithm", "dpo"): "data=jsonl_prefs", ("data", "jsonl_prefs"): "algorithm=dpo",
            ("algorithm", "grpo"): "data=jsonl_prompts", ("data", "jsonl_prompts"): "algorithm=grpo",
            ("algorithm", "rm"): "data=jsonl_prefs", ("algorithm", "ppo"): "data=jsonl_prompts",
-           ("mesh", "expert"): "model=qwen3_moe"}
-MISMATCH = {("mesh", "expert"): "model.num_experts=None"}  # else a data kind's
+           ("mesh", "expert"): "model=qwen3_moe", ("env", "calculator"): "+recipe=llama_grpo"}
+MISMATCH = {("mesh", "expert"): "model.num_experts=None",  # else a data kind's
+            ("env", "calculator"): "rolls out multi-turn trajectories for algorithm=grpo"}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)

@@ -31,6 +31,8 @@ def test_a_checkpoint_from_before_an_option_existed_resumes_while_the_option_is_
     assert "data.train_on_input: '<absent>' -> True" in config_diff(saved, on)
     assert config_diff({"a": 1}, {"a": 1, "new": {"x": None, "y": False}}) == []
     assert config_diff({"a": 1}, {"a": 1, "new": {"x": 0.5}}) == ["new.x: '<absent>' -> 0.5"]
+    assert config_diff({"a": 1}, {"a": 1, "env": {"name": "none", "environment": None}}) == []  # a group's off
+    assert config_diff({"a": 1}, {"a": 1, "env": {"name": "calculator"}}) == ["env.name: '<absent>' -> 'calculator'"]
     assert config_diff({"a": 1, "gone": 3}, {"a": 1}) == ["gone: 3 -> '<absent>'"]
 
 

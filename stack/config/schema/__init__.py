@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from stack.config.schema.algorithm import AlgorithmConfig, DPOConfig, GRPOConfig, SFTConfig
 from stack.config.schema.checkpoint import CheckpointConfig, TierConfig
 from stack.config.schema.data import DataConfig
+from stack.config.schema.env import EnvConfig
 from stack.config.schema.hardware import HardwareConfig
 from stack.config.schema.launcher import LauncherConfig
 from stack.config.schema.logger import LoggerConfig
@@ -41,6 +42,7 @@ GROUP_SCHEMAS = {
     "hardware": HardwareConfig,
     "algorithm": AlgorithmConfig,  # each option has its own subclass: schema/algorithm/<name>
     "reward": RewardConfig,
+    "env": EnvConfig,
     "logger": LoggerConfig,
     "launcher": LauncherConfig,
 }

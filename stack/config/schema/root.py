@@ -68,6 +68,7 @@ class Config:
     hardware: Any = None
     algorithm: Any = None
     reward: Any = None
+    env: Any = None
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # a list group: its options only set flags
     launcher: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

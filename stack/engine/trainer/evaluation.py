@@ -21,6 +21,8 @@ def evaluate(run: Run, state: TrainState) -> dict[str, float]:
     programs, score = run.programs, run.exp.algorithm.score
     out = []
     for batch, host in run.eval_batches:
+        if programs.interact is not None:  # multi-turn rollouts on the host, before collect
+            batch = programs.interact(state, batch, host, False)
         xp = programs.collect(state, run.frozen, batch, False)
         scores = score(xp, host) if score is not None else None
         out.append(programs.evaluate(state, run.frozen, xp, scores))

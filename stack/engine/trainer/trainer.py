@@ -167,7 +167,10 @@ class Trainer:
         the round's data position on)."""
         if batch is None:
             batch, host, run.data_state = self.feed.read()
-        xp = run.programs.collect(run.state.models_only(), run.frozen, batch, True)
+        state = run.state.models_only()
+        if run.programs.interact is not None:  # multi-turn rollouts on the host, before collect
+            batch = run.programs.interact(state, batch, host, True)
+        xp = run.programs.collect(state, run.frozen, batch, True)
         return xp, self.alg.score(xp, host) if self.alg.score is not None else None
 
     def _wait(self, run: Run) -> None:
