@@ -61,7 +61,7 @@ import numpy as np
 from flax import nnx
 
 from stack.algorithms.base import Batch, Context, Metrics, Schedule, Setup, Terms, map_micro
-from stack.algorithms.multiturn import interaction, turn_program, turn_samplings
+from stack.algorithms.multiturn import interaction, interaction_specs, turn_program, turn_samplings
 from stack.algorithms.onpolicy import (
     PROMPT_KEYS,
     completion_logps,
@@ -150,6 +150,9 @@ class GRPO:
         s = self.sampling
         return interaction(turn, batch, host, self.group if train else 1, (self.tokenizer, self.env, self.rows),
                            s.max_new_tokens, s.pad_id, s.eos_ids)
+
+    def interaction_specs(self, batch: dict) -> tuple[dict, dict]:
+        return interaction_specs(batch, self.group, self.sampling.max_new_tokens)  # mode=compile's shapes
 
     def turn(self, models: nnx.Module, batch: Batch, key: jax.Array, train: bool) -> Batch:
         """One model turn of multi-turn rollouts, keyed as `collect`."""

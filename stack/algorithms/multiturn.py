@@ -70,3 +70,18 @@ def interaction(turn: Callable[[Batch], Batch], batch: Batch, host: dict[str, np
                         width, pad, eos)
     out = {**local, **{k: v.reshape(n, r * group, *v.shape[1:]) for k, v in columns.items()}}
     return {k: from_process_rows(v, rows) for k, v in out.items()}
+
+
+def interaction_specs(batch: dict[str, jax.ShapeDtypeStruct], group: int,
+                      width: int) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, jax.ShapeDtypeStruct]]:
+    """(what `interaction` makes of a prompt batch, a turn's input) as shapes, for mode=compile."""
+    n, b, p = batch["prompt_ids"].shape
+    rows, sharding = b * group, batch["prompt_ids"].sharding
+    spec = lambda *shape, dtype=np.int32: jax.ShapeDtypeStruct((n, rows, *shape), dtype, sharding=sharding)  # noqa: E731
+    rolled = {**{k: spec(*batch[k].shape[2:], dtype=batch[k].dtype) for k in PROMPT_KEYS},
+              "completion": spec(width), "completion_mask": spec(width), "env_mask": spec(width),
+              "truncated": spec(dtype=bool), "sampler_logps": spec(width, dtype=np.float32),
+              **{k: spec(dtype=np.float32) for k in ("env_reward", "env_turns", "env_calls", "env_errors")}}
+    turn = {"context_ids": spec(p + width), "context_mask": spec(p + width), "index": spec(), "number": spec(),
+            "turn": jax.ShapeDtypeStruct((), np.int32)}
+    return rolled, turn

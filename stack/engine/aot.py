@@ -108,6 +108,7 @@ class AbstractRun:
     frozen: Any
     batch: dict[str, jax.ShapeDtypeStruct]  # one round's data [grad_accum x minibatches, B, ...]
     xp: dict[str, jax.ShapeDtypeStruct]  # what collect makes of it
+    turn_batch: dict[str, Any] | None = None  # a turn's input, with multi-turn rollouts (`Programs.turn`)
 
 
 def abstract_run(exp: Experiment) -> AbstractRun:
@@ -121,6 +122,9 @@ def abstract_run(exp: Experiment) -> AbstractRun:
     batch = {k: jax.ShapeDtypeStruct((reads, *v.shape), v.dtype, sharding=sharding)
              for k, v in exp.eval_batches[0].items() if v.dtype.kind in "biuf"}
     frozen = abstract_frozen(exp, parts)
+    turn_batch = None
+    if programs.interact is not None:  # collect reads the rolled-out batch (what `interact` returns)
+        batch, turn_batch = exp.algorithm.interaction_specs(batch)
     collect = lambda s, f, b: programs.collect(s, f, b, True)  # noqa: E731
     xp = jax.eval_shape(collect, state.models_only(), frozen, batch)
     if exp.algorithm.finalize is not None:  # what the update reads: the finalized experience
@@ -129,7 +133,7 @@ def abstract_run(exp: Experiment) -> AbstractRun:
     if exp.algorithm.precomputes:  # the columns ride with the data; no frozen modules in training
         batch, frozen = {**batch, **{k: v for k, v in xp.items() if k not in batch}}, None
     xp = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding), xp)
-    return AbstractRun(parts, programs, state, frozen, batch, xp)
+    return AbstractRun(parts, programs, state, frozen, batch, xp, turn_batch)
 
 
 def program_report(lowered: Any) -> CompileReport:
@@ -171,13 +175,23 @@ def lower_and_compile(exp: Experiment, r: AbstractRun) -> tuple[CompileReport, C
     """AOT-compile `exp`'s update and collect programs for abstract inputs and measure them."""
     t0 = time.perf_counter()
     update = lower_update(exp, r)
-    collect = None
-    if exp.algorithm.collect is not None:  # else the batch is the experience: no program
-        with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
+    collect = turn = None
+    with jax.set_mesh(exp.mesh), nnx.logical_axis_rules(exp.rules):
+        if exp.algorithm.collect is not None:  # else the batch is the experience: no program
             collect = r.programs.collect.lower(r.state.models_only(), r.frozen, r.batch, True)
+        if r.turn_batch is not None:  # a turn of multi-turn rollouts: its own program, run once per turn
+            turn = r.programs.turn.lower(r.state.models_only(), r.turn_batch, True)
     lower_seconds = time.perf_counter() - t0
-    return (replace(_compiled("train step", update), lower_seconds=lower_seconds),
-            _compiled("collect", collect) if collect is not None else CompileReport(0, 0, 0, 0, 0, None, 0.0, 0.0, 0.0))
+    none = CompileReport(0, 0, 0, 0, 0, None, 0.0, 0.0, 0.0)
+    collected = _compiled("collect", collect) if collect is not None else none
+    if turn is not None:  # the round's larger program (the turns' FLOPs with the log-probs')
+        turned = _compiled("a turn", turn)
+        _print_program("per device (a turn of the multi-turn rollouts):", turned)
+        _print_program("per device (collect's log-probs of the transcripts):", collected)
+        bigger = max(collected, turned, key=lambda c: c.total_bytes)
+        collected = replace(bigger, flops=collected.flops + turned.flops * exp.cfg.env.max_turns,
+                            compile_seconds=collected.compile_seconds + turned.compile_seconds)
+    return replace(_compiled("train step", update), lower_seconds=lower_seconds), collected
 
 
 def _size(b: float, unit: str = "") -> str:

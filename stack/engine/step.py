@@ -30,8 +30,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from stack.algorithms.base import Batch, Context, Metrics, ratio
+from stack.engine.routed import routed_loss
 from stack.hardware.mesh import batch_sharding, layout_on, opt_state_shardings
-from stack.models.moe import moe_layers, record_router, router_aux_loss
 
 if TYPE_CHECKING:  # the experiment holds a precompile of this step's programs
     from stack.engine.experiment import Experiment
@@ -168,22 +168,6 @@ def accumulate(loss_fn: Callable, params: Any, micro: Batch, key: jax.Array) -> 
     return grads, ratio((nums.sum(0), dens)), jax.tree.map(lambda x: x.mean(0), metrics)
 
 
-def routed_loss(alg: Any, coef: float | None, models: nnx.Module, batch: Batch, frozen: Any, state: Any,
-                key: jax.Array) -> tuple[Any, Metrics]:
-    """`alg.loss`, and with a mixture-of-experts policy its load-balancing loss (stack.models.moe), logged
-    as `router_aux_loss` and with `coef` (model.router_aux_loss_coef) one more term, coef · aux over 1
-    (transformers' MoE causal LMs: loss + router_aux_loss_coef · aux_loss)."""
-    if not moe_layers(models.policy):
-        return alg.loss(models, batch, frozen, state, key)
-    record_router(models.policy)
-    (num, den), metrics = alg.loss(models, batch, frozen, state, key)
-    aux = router_aux_loss(models.policy)
-    metrics = {**metrics, "router_aux_loss": jax.lax.stop_gradient(aux)}
-    if not coef:
-        return (num, den), metrics
-    return (jnp.append(num, coef * aux), jnp.append(den, 1.0)), metrics
-
-
 def minibatch(xp: Batch, j: jax.Array, accum: int, schedule: Any, state: TrainState) -> Batch:
     """The micro-batches [accum, b, ...] of the round's j-th optimizer step (epoch j // m, minibatch
     i = j % m): `xp[i·accum:(i+1)·accum]`, or with `schedule.shuffle` (TRL PPOTrainer: a fresh
@@ -212,8 +196,9 @@ class Programs:
     collect_update: Callable | None = None
     keep: Callable | None = None  # (xp, scores) -> bool [n, rows], replicated: the rows a round keeps
     # (state.models_only(), batch, host, train) -> batch: the algorithm's multi-turn rollouts, on the host
-    # between runs of its jitted turn program, before collect; None: collect samples on its own
+    # between runs of `turn`, its jitted turn program (state.models_only(), batch, train); None: collect samples
     interact: Callable | None = None
+    turn: Callable | None = None
 
 
 def _pass_batch(state: TrainState, frozen: Any, batch: Batch, train: bool) -> Batch:
@@ -239,9 +224,17 @@ def collect_key(state: TrainState, train: bool) -> jax.Array:
     return purpose_key(state, COLLECT) if train else purpose_key(state, EVAL, per_step=False)
 
 
-def interaction(alg: Any, models: Callable[[TrainState], nnx.Module]) -> Callable:
+def turn_program(alg: Any, models: Callable[[TrainState], nnx.Module]) -> Callable | None:
+    """`Programs.turn`: the algorithm's jitted turn, keyed as collect; None without `interact`."""
+    if alg.interact is None:
+        return None
+    return jax.jit(lambda s, b, train: alg.turn(models(s), b, collect_key(s, train), train), static_argnums=2)
+
+
+def interaction(alg: Any, turn: Callable | None) -> Callable | None:
     """`Programs.interact`: the algorithm's host loop, each turn a run of its jitted `turn` program."""
-    turn = jax.jit(lambda s, b, train: alg.turn(models(s), b, collect_key(s, train), train), static_argnums=2)
+    if turn is None:
+        return None
 
     def interact(state: TrainState, batch: Batch, host: dict, train: bool) -> Batch:
         return alg.interact(lambda b: turn(state, b, train), batch, host, train)
@@ -284,6 +277,7 @@ def make_programs(exp: Experiment, parts: Parts, shardings: TrainState) -> Progr
     def collect_update(state: TrainState, frozen: Any, batch: Batch) -> tuple[TrainState, Metrics]:
         return update(state, frozen, collect(state.models_only(), frozen, batch, True), 0)
 
+    turn = turn_program(alg, models)
     replicated = NamedSharding(exp.mesh, PartitionSpec())
     step = lambda f: jax.jit(f, donate_argnums=0, out_shardings=(shardings, replicated), keep_unused=True)  # noqa: E731
     # keep_unused: every input stays a program argument, so XLA's memory analysis of each
@@ -296,5 +290,5 @@ def make_programs(exp: Experiment, parts: Parts, shardings: TrainState) -> Progr
         evaluate=jax.jit(evaluate, out_shardings=replicated),
         collect_update=step(collect_update) if one_program(alg) else None,
         keep=jax.jit(alg.keep, out_shardings=replicated) if alg.keep is not None else None,
-        interact=interaction(alg, models) if alg.interact is not None else None,
+        interact=interaction(alg, turn), turn=turn,
     )

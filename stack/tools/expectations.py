@@ -37,9 +37,12 @@ def recipe_config(name: str, overrides: list[str] = ()) -> DictConfig:
 
 
 def tracked(cfg: DictConfig) -> tuple[str, ...]:
-    """The metrics a recipe's regression compares: loss, gradient norm, its objective (+ reward)."""
+    """The metrics a recipe's regression compares: loss, gradient norm, its objective (+ reward; with an
+    environment the trajectories' model turns and lengths, which 20 steps from a 20-step warm start
+    move when the rewards are still all 0)."""
     keys = ("train/loss", "train/grad_norm", objective_of(cfg))
-    return keys + (("train/reward",) if cfg.data.kind == "prompt" else ())
+    keys += ("train/reward",) if cfg.data.kind == "prompt" else ()
+    return keys + (("train/env/turns", "train/completions/mean_length") if cfg.env.environment else ())
 
 
 def snapshot(cfg: DictConfig) -> dict[str, Any]:
