@@ -8,12 +8,12 @@ floors below its own, never one on its own floor, so nothing imports upward and 
 
     errors                         the error types every floor raises
     config                         schemas, validation, the _target_ allow-list, HF config mapping (no jax)
-    hardware                       targets, FLOP/s, mesh and logical axes, compiler/cache/host knobs
+    hardware                       targets, FLOP/s, mesh and logical axes, compiler/cache/host knobs, workers
     models  data  optim  logging   decoders, Grain pipelines, the Optax chain, metric sinks
     quant  rollout                 the Qwix provider; sampling with a KV cache
     checkpoint                     Orbax managers, saved params, a run's policy, run-dir lock, job status
-    rewards                        rule functions, their workers, a reward model
-    algorithms                     sft dpo rm grpo ppo; base.py is the protocol
+    rewards                        rule functions, their workers, a reward model, multi-turn environments
+    algorithms                     sft dpo rm grpo ppo (+ multi-turn rollouts); base.py is the protocol
     engine                         Experiment, step, aot (mode=compile), precompile/precompute, trainer
     launch                         local processes, SLURM, cloud, sweeper, report, the Hydra job
     run                            build (config -> Experiment), modes, warm start

@@ -7,6 +7,8 @@ import multiprocessing
 import time
 from typing import Any
 
+from stack.errors import RunFailed
+
 
 def _serve(conn: Any) -> None:
     """Worker loop: ("started", None) once, then (function, kwargs) in, ("ok", values) or ("error", message) out."""
@@ -43,6 +45,24 @@ class Worker:
             if message[0] != "started":
                 return message
             self.started = True
+
+    def reply(self, timeout: float, who: str, key: str) -> tuple[str, Any]:
+        """The next answer, or ("lost", why) when none came within `timeout` seconds (`key`: the setting)
+        or the process died; a lost worker is closed. RunFailed when it died before it started (`who`:
+        what runs in it): a spawned process imports the main module first."""
+        try:
+            return self.answer(timeout)
+        except TimeoutError:
+            self.close()
+            return "lost", f"no answer within {key}={timeout}s"
+        except (EOFError, OSError):
+            self.close()
+            if not self.started:
+                raise RunFailed(
+                    f"the worker process of {who} exited with code {self.proc.exitcode} before it started (its "
+                    "own error is printed above). It runs in a spawned process, which imports the main module "
+                    'first: a script that runs training must do so under `if __name__ == "__main__":`.') from None
+            return "lost", f"its worker process died, exit code {self.proc.exitcode}"
 
     def close(self) -> None:
         self.proc.kill()

@@ -10,7 +10,6 @@ import math
 import warnings
 from typing import Any, Callable
 
-from stack.errors import RunFailed
 from stack.hardware.worker import Worker
 from stack.rewards.environment import Step
 
@@ -80,22 +79,11 @@ class EnvRunner:
     def _call(self, fn: Callable, kwargs: dict, n: int) -> list[tuple[str, Any]]:
         worker, self._worker = self._worker or Worker(), None  # put back below while it lives
         worker.conn.send((fn, kwargs))
-        try:
-            _, answers = worker.answer(self.timeout)
-        except TimeoutError:
-            worker.close()
-            return [("error", f"no answer within env.timeout={self.timeout}s")] * n
-        except (EOFError, OSError):
-            worker.close()
-            if not worker.started:
-                raise RunFailed(
-                    f"the worker process of environment {self.name!r} exited with code {worker.proc.exitcode} "
-                    "before it started (its own error is printed above). Environments run in spawned "
-                    'processes, which import the main module first: a script that runs training must do so '
-                    'under `if __name__ == "__main__":`.') from None
-            return [("error", f"its worker process died, exit code {worker.proc.exitcode}")] * n
+        status, answers = worker.reply(self.timeout, f"environment {self.name!r}", "env.timeout")
+        if status == "lost":
+            return [("error", answers)] * n
         self._worker = worker
-        return answers
+        return answers if status == "ok" else [("error", answers)] * n
 
     def _failed(self, why: str) -> RuntimeError:
         if not self._warned:  # once: counted in env/errors every time

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stack.errors import RunFailed
 from stack.hardware.worker import Worker
 
 
@@ -44,21 +43,9 @@ class RewardRunner:
 
     def _result(self, i: int, name: str, n: int) -> np.ndarray:
         worker, self._workers[i] = self._workers[i], None  # put back below while it lives
-        try:
-            status, values = worker.answer(self.timeout)
-        except TimeoutError:
-            worker.close()
-            return self._failed(name, f"no answer within reward.timeout={self.timeout}s", n)
-        except (EOFError, OSError):
-            worker.close()
-            if not worker.started:
-                raise RunFailed(
-                    f"the worker process of reward function {name!r} exited with code {worker.proc.exitcode} "
-                    "before it started (its own error is printed above). Reward functions run in spawned "
-                    "processes, which import the main module first: a script that runs training must do so "
-                    'under `if __name__ == "__main__":`.') from None
-            return self._failed(name, f"its worker process died, exit code {worker.proc.exitcode}", n)
-        self._workers[i] = worker
+        status, values = worker.reply(self.timeout, f"reward function {name!r}", "reward.timeout")
+        if status != "lost":
+            self._workers[i] = worker
         if status != "ok":
             return self._failed(name, values, n)
         if len(values) != n:

@@ -34,7 +34,7 @@ class Reinforce:
     data_kinds = ("prompt",)
     schedule = Schedule(epochs=2, minibatches=2)
     precomputes = False
-    keep = None  # every sampled row is trained on
+    keep = interact = None  # every sampled row is trained on; collect samples on its own
 
     def setup(self, policy, ctx):
         return Setup(trained={"baseline": Baseline()}, state={"rounds": jnp.zeros((), jnp.int32)})
