@@ -4,8 +4,10 @@ trains it), and its key: the digest of that resolved config and stack's version,
 one dir every run asking for the same stage shares. Composed before the run too, so its targets
 are checked before anything exists."""
 
+import glob
 import hashlib
 import importlib.metadata
+import os
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -34,14 +36,24 @@ def stage_config(cfg: DictConfig) -> DictConfig:
     return stage
 
 
+def data_files(stage: DictConfig) -> str:
+    """Each data file of `stage` (data.path, data.eval_path: a path, a glob or a list) with its size and
+    modification time: a file edited in place (same path) names another stage."""
+    specs = [stage.data.get(key) for key in ("path", "eval_path")]
+    patterns = [str(p) for spec in specs if spec for p in ([spec] if isinstance(spec, str) else spec)]
+    files = sorted({f for pattern in patterns for f in glob.glob(os.path.expanduser(pattern))})
+    return "\n".join(f"{f} {os.stat(f).st_size} {os.stat(f).st_mtime_ns}" for f in files if os.path.isfile(f))
+
+
 def stage_key(stage: DictConfig) -> str:
-    """16 hex digits naming `stage`: its resolved config without a run dir, and stack's version."""
+    """16 hex digits naming `stage`: its resolved config without a run dir, its data files (data_files)
+    and stack's version."""
     try:
         version = importlib.metadata.version("stack")
     except importlib.metadata.PackageNotFoundError:  # a bare checkout, not installed
         version = "source"
     text = OmegaConf.to_yaml(OmegaConf.merge(stage, {"run_dir": None}), resolve=True)
-    return hashlib.sha256(f"{version}\n{text}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{version}\n{text}\n{data_files(stage)}".encode()).hexdigest()[:16]
 
 
 def has_stage(cfg: DictConfig) -> bool:

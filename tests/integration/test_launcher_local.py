@@ -74,13 +74,18 @@ def test_a_killed_two_process_run_resumes(tmp_path):
     assert_same_losses(losses(run_dir), losses(tmp_path / "ref"))
 
 
-def test_grpo_on_two_processes_samples_and_scores_like_one(tmp_path):
+ENV = ["env.environment=tests.unit.env_fns.Chatter", "env.max_turns=3", "algorithm.max_new_tokens=12"]
+
+
+@pytest.mark.parametrize("env", [[], pytest.param(ENV, marks=pytest.mark.slow)], ids=["single_turn", "env"])
+def test_grpo_on_two_processes_samples_and_scores_like_one(tmp_path, env):
     """Each process decodes and scores the completions of its own prompts (host rewards over the
     process-local rows, stack.hardware.mesh.process_rows): the same per-step rewards and losses as
-    1 process x 8 devices (before, scoring fetched the global completions and failed)."""
+    1 process x 8 devices (before, scoring fetched the global completions and failed). With an
+    environment (slow tier), each process also rolls out its own rows' turns."""
     def run(name: str, extra: list[str], devices: int) -> dict:
         cfg = grpo_args(tmp_path, tmp_path / name) + ["checkpoint=none", "trainer.steps=4", "mesh=dp", *extra,
-                                                      "allow_targets=[tests.unit.reward_fns]",
+                                                      "allow_targets=[tests.unit]", *env,
                                                       "reward.functions=[tests.unit.reward_fns.fingerprint]"]
         res = run_cli(cfg, str(tmp_path), env={**fake_devices(devices), "PYTHONPATH": ROOT})
         assert res.returncode == 0, res.stderr[-3000:]

@@ -22,6 +22,17 @@ def test_grpo_and_ppo_share_their_warm_start_and_a_changed_stage_does_not():
     assert key("+recipe=llama_grpo") != key("+recipe=llama_rm")  # another stage recipe's overrides
 
 
+def test_a_data_file_edited_in_place_names_another_stage(tmp_path):
+    """The same path with other contents (before, a stale warm start was reused)."""
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"prompt": "1+1=", "completion": "2"}\n')
+    overrides = ["+recipe=llama_grpo", f"warm_start.overrides=['data.path={data}','data.eval_path={data}']"]
+    before = key(*overrides)
+    assert key(*overrides) == before  # unchanged: reused
+    data.write_text('{"prompt": "1+1=", "completion": "3"}\n{"prompt": "2+2=", "completion": "4"}\n')
+    assert key(*overrides) != before
+
+
 def test_a_stage_is_trained_once_then_reused_by_another_run(tmp_path, capsys):
     cfg = make_cfg(["+recipe=llama_grpo", f"warm_start.dir={tmp_path}/warm"])
     trained = []
