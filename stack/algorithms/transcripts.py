@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from stack.errors import RunFailed
+from stack.hardware.mesh import every_process
 
 
 class Transcripts:
@@ -131,7 +132,7 @@ def run_turns(turn: Callable[[np.ndarray, np.ndarray, int], dict[str, np.ndarray
     first_prompts(env, tokenizer, prompt_ids, prompt_mask, records, t)
     stops = np.asarray([*eos, *stop_ids(env, tokenizer)], np.int32)
     for number in range(env.max_turns):
-        if t.done.all():
+        if every_process(bool(t.done.all())):  # each process runs the turn program alike: it spans them all
             break
         out = turn(*t.contexts(prompt_ids, prompt_mask), number)
         rows, texts = model_turn(t, out, stops, tokenizer, eos)

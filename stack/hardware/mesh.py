@@ -133,6 +133,14 @@ def from_process_rows(x: np.ndarray, rows: NamedSharding) -> np.ndarray | jax.Ar
     return jax.make_array_from_process_local_data(rows, x) if jax.process_count() > 1 else x
 
 
+def every_process(flag: bool) -> bool:
+    """Whether `flag` holds on every process: a host decision that each process must take alike (one
+    that runs a program of the mesh once more or not)."""
+    if jax.process_count() == 1:
+        return flag
+    return bool(multihost_utils.process_allgather(np.asarray(flag)).all())
+
+
 def check_layout(mesh: Mesh, rules: tuple[tuple[str, Any], ...], abstract_model: nnx.Module,
                  model_cfg: Any, batch_size: int) -> None:
     """Fail before compile when a mesh axis does not divide what it splits."""
