@@ -147,12 +147,13 @@ def rule_rewards(rewards: Any, xp: Batch, scores: jax.Array) -> tuple[jax.Array,
 
 
 def scored_rewards(rewards: Any, xp: Batch, scores: jax.Array | None,
-                   env_weight: float = 1.0) -> tuple[jax.Array, Metrics]:
+                   env_weight: float | None = None) -> tuple[jax.Array, Metrics]:
     """The reward per completion and its metrics (rule_rewards) of the rule functions' `scores`
     [.., functions] (None: none on the host) and the columns collect added: a reward model's scores,
     weighted by `rewards.weight` (TRL's GRPOTrainer: a model is one of the reward functions, logged as
     rewards/<its name>/mean; here `rewards/reward_model/mean`), and an environment's rewards
-    (`env_reward`, weighted by `env_weight`: `rewards/env/mean`)."""
+    (`env_reward`, weighted by `env_weight`, None: 1.0; `rewards/env/mean`)."""
+    env_weight = 1.0 if env_weight is None else env_weight
     extra = [(name, xp[key][..., None], weight) for key, name, weight in
              (("rm_scores", "reward_model", getattr(rewards, "weight", None)), ("env_reward", "env", env_weight))
              if key in xp]

@@ -135,7 +135,7 @@ def eval_metrics(rewards: Any, xp: Batch, scores: jax.Array | None, ev: EvalSamp
     accuracy; pass@k and maj@k of the samples."""
     n = ev.samples
     if not n:
-        metrics = scored_rewards(rewards, xp, scores, 1.0 if env_weight is None else env_weight)[1]
+        metrics = scored_rewards(rewards, xp, scores, env_weight)[1]
         if ev.correct is not None:
             correct = scores[..., ev.correct]
             metrics["accuracy"] = _rate((correct >= 1).astype(jnp.float32), correct[..., None])
